@@ -1,0 +1,217 @@
+"""The delivery handler: attempt a delivery record, then hand it on by outcome.
+
+The same handler serves the ``deliver`` role (main topic) and the ``retry`` role (the tier topics);
+a record due later (``notBefore``) makes the consumer loop pause its partition until then.
+
+For each record:
+
+1. Look the destination up in the live config (deleted → dead letter, disabled → dead letter).
+2. Past the deadline → dead letter ``deadline_exceeded`` without an attempt.
+3. POST to every webhook at once and combine the answers (``pipeline._outcomes.decide``).
+4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
+   dead-letter topic when the deadline leaves no room. Permanent failure → dead letter.
+5. The record is finished only after Kafka acknowledged the hand-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import _metrics as metrics
+from ._codec import Codec
+from ._config_store import ConfigFollower
+from ._consumer_loop import ConsumerLoop, Taken
+from ._dead_letters import dead_letter
+from ._exceptions import UndecodableRecord
+from ._outcomes import DeadLetterReason, Outcome, UrlResult, decide
+from ._producer import AsyncProducer, Outgoing
+from ._retry_schedule import RetrySchedule
+from ._sender import WebhookSender
+from ._settings import Settings
+from ._topics import Topics
+
+__all__ = ["DeliveryHandler"]
+
+log = logging.getLogger("pipeline.deliver")
+
+
+class DeliveryHandler:
+    def __init__(
+        self,
+        role: str,
+        topics_in: Sequence[str],
+        *,
+        settings: Settings,
+        topics: Topics,
+        follower: ConfigFollower,
+        producer: AsyncProducer,
+        sender: WebhookSender,
+        stop: asyncio.Event,
+        codec: Codec | None = None,
+        schedule: RetrySchedule | None = None,
+    ) -> None:
+        self.role = role
+        self._topics_in = list(topics_in)
+        self._topics = topics
+        self._follower = follower
+        self._producer = producer
+        self._sender = sender
+        self._stop = stop
+        self._codec = codec or Codec.default()
+        self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
+
+    def topics(self) -> Sequence[str]:
+        return self._topics_in
+
+    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        now = time.time()
+        deferred: set[tuple[str, int]] = set()
+        for taken in batch:
+            message = taken.message
+            key = (message.topic(), message.partition())
+            if key in deferred:
+                continue  # the loop sought back; these come again after the pause
+            try:
+                record = self._codec.decode("Delivery", message.value())
+            except UndecodableRecord as exc:
+                letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
+                self._spawn(self._hand_off(taken, loop, [self._dlq(letter)]))
+                continue
+            not_before = record["notBefore"] / 1000
+            if not_before > now:
+                loop.defer(taken, not_before)
+                deferred.add(key)
+                continue
+            self._spawn(self._process(taken, record, loop))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+
+    def _dlq(self, letter: dict[str, Any]) -> Outgoing:
+        metrics.DEAD_LETTERS.labels(letter["reason"]).inc()
+        key = (letter["delivery"] or {}).get("destinationId", "").encode() or None
+        return (self._topics.dlq, key, self._codec.encode("DeadLetter", letter))
+
+    async def _hand_off(self, taken: Taken, loop: ConsumerLoop, records: list[Outgoing]) -> None:
+        await self._producer.send_all_until_acked(records, self._stop)
+        loop.finish(taken)
+
+    async def _process(self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop) -> None:
+        try:
+            out = await self._attempt(taken, record)
+        except Exception as exc:  # a bug must neither lose the record nor stall the partition
+            log.exception("%s: unexpected error on %s", self.role, record.get("messageId"))
+            out = [
+                self._dlq(
+                    dead_letter(
+                        DeadLetterReason.INTERNAL_ERROR,
+                        taken.message,
+                        delivery=record,
+                        detail=f"{type(exc).__name__}: {exc}",
+                    )
+                )
+            ]
+        if out:
+            await self._producer.send_all_until_acked(out, self._stop)
+        loop.finish(taken)
+
+    async def _attempt(self, taken: Taken, record: dict[str, Any]) -> list[Outgoing]:
+        """Attempt the delivery; return the hand-off to produce (empty when delivered)."""
+        message = taken.message
+        destination = self._follower.table.destinations.get(record["destinationId"])
+        if destination is None or not destination.enabled:
+            reason = (
+                DeadLetterReason.DESTINATION_DELETED
+                if destination is None
+                else DeadLetterReason.DESTINATION_DISABLED
+            )
+            self._outcomes[Outcome.DEAD_LETTER].inc()
+            return [self._dlq(dead_letter(reason, message, delivery=record))]
+
+        now = time.time()
+        first = record["firstAttemptAt"]
+        if first is not None and not self._schedule.may_attempt(
+            first_attempt_at=first / 1000, now=now
+        ):
+            self._outcomes[Outcome.DEAD_LETTER].inc()
+            detail = "the deadline passed before this attempt could start"
+            return [
+                self._dlq(
+                    dead_letter(
+                        DeadLetterReason.DEADLINE_EXCEEDED, message, delivery=record, detail=detail
+                    )
+                )
+            ]
+        if first is None:
+            record["firstAttemptAt"] = first = int(now * 1000)
+            record["deadline"] = int(self._schedule.deadline_at(now) * 1000)
+
+        results = await self._sender.attempt(destination, record["body"])
+        finished = time.time()
+        record["attempts"].extend(_attempt_entries(results, now))
+        decision = decide(results)
+        metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
+
+        if decision.outcome is Outcome.DELIVERED:
+            self._outcomes[Outcome.DELIVERED].inc()
+            metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record["receivedAt"] / 1000))
+            return []
+        if decision.outcome is Outcome.DEAD_LETTER:
+            assert decision.reason is not None
+            self._outcomes[Outcome.DEAD_LETTER].inc()
+            return [self._dlq(dead_letter(decision.reason, message, delivery=record))]
+        retry = self._schedule.next_retry(
+            first_attempt_at=first / 1000,
+            now=finished,
+            tier=record["tier"],
+            retry_after=decision.retry_after,
+        )
+        if retry is None:
+            self._outcomes[Outcome.DEAD_LETTER].inc()
+            detail = f"retryable failures for {self._schedule.deadline:g} s"
+            return [
+                self._dlq(
+                    dead_letter(
+                        DeadLetterReason.DEADLINE_EXCEEDED, message, delivery=record, detail=detail
+                    )
+                )
+            ]
+        self._outcomes[Outcome.RETRY].inc()
+        record["tier"] = retry.tier
+        record["notBefore"] = int(retry.not_before * 1000)
+        metrics.RETRIES.labels(str(retry.tier)).inc()
+        return [
+            (
+                self._topics.retry[retry.tier],
+                message.key(),
+                self._codec.encode("Delivery", record),
+            )
+        ]
+
+
+def _attempt_entries(results: Sequence[UrlResult], started: float) -> list[dict[str, Any]]:
+    at = int(started * 1000)
+    return [
+        {
+            "at": at,
+            "url": result.url,
+            "status": result.status,
+            "error": None
+            if result.failure is None
+            else (f"{result.failure}: {result.detail}" if result.detail else str(result.failure)),
+            "durationMs": int(result.duration * 1000),
+        }
+        for result in results
+    ]

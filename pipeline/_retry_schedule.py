@@ -1,0 +1,77 @@
+"""When a failed delivery is tried again. Pure logic; the clock and the randomness are arguments.
+
+Tiers: ``delays[0]`` after the first failure, ``delays[1]`` after the second, ..., the last delay
+repeating. Each delay gets ±``jitter`` (10 %) so that a burst of failures does not come back as a
+burst. A ``Retry-After`` from the receiver lengthens the delay when it still falls inside the deadline.
+
+The deadline is ``deadline`` seconds after the first attempt. No attempt starts after it. A retry
+that would fall after the *last slot* (``deadline - margin``) is clamped to it, so the final attempt
+runs just before the deadline rather than being lost to scheduling delay; a failure at or after the
+last slot goes to the dead-letter topic (``deadline_exceeded``).
+
+    >>> s = RetrySchedule(delays=(10.0, 60.0), deadline=100.0, jitter=0.0)
+    >>> s.next_retry(first_attempt_at=0.0, now=0.0, tier=-1)
+    Retry(tier=0, not_before=10.0)
+    >>> s.next_retry(first_attempt_at=0.0, now=70.0, tier=1)  # clamped to the last slot
+    Retry(tier=1, not_before=99.0)
+    >>> s.next_retry(first_attempt_at=0.0, now=99.0, tier=1) is None
+    True
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Retry", "RetrySchedule"]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Try again from retry tier ``tier``, not before ``not_before`` (epoch seconds)."""
+
+    tier: int
+    not_before: float
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySchedule:
+    delays: tuple[float, ...] = (10.0, 60.0, 300.0, 1800.0, 3600.0)
+    deadline: float = 4 * 3600.0
+    jitter: float = 0.1
+
+    @property
+    def margin(self) -> float:
+        """How far before the deadline the last slot lies: 1 s, or a tenth of a short deadline."""
+        return min(1.0, self.deadline / 10)
+
+    def deadline_at(self, first_attempt_at: float) -> float:
+        return first_attempt_at + self.deadline
+
+    def next_retry(
+        self,
+        *,
+        first_attempt_at: float,
+        now: float,
+        tier: int,
+        retry_after: float | None = None,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> Retry | None:
+        """The next try after a retryable failure at ``now`` in ``tier`` (-1: the main topic).
+
+        ``None`` means the deadline leaves no room for another try.
+        """
+        last_slot = self.deadline_at(first_attempt_at) - self.margin
+        if now >= last_slot:
+            return None
+        next_tier = min(tier + 1, len(self.delays) - 1)
+        base = self.delays[next_tier]
+        delay = base * (1.0 + uniform(-self.jitter, self.jitter))
+        if retry_after is not None and retry_after > delay and now + retry_after <= last_slot:
+            delay = retry_after
+        return Retry(next_tier, min(now + delay, last_slot))
+
+    def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:
+        """No attempt starts after the deadline."""
+        return first_attempt_at is None or now <= self.deadline_at(first_attempt_at)

@@ -1,0 +1,84 @@
+"""The router role: ``calls`` → one delivery record per enabled destination.
+
+The body is rendered here, once per call, so every retry sends the same bytes. A batch is finished
+only after Kafka acknowledged every delivery record it produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from . import _metrics as metrics
+from ._calls import CallType
+from ._codec import Codec
+from ._config_store import ConfigFollower
+from ._consumer_loop import ConsumerLoop, Taken
+from ._dead_letters import dead_letter
+from ._exceptions import UndecodableRecord
+from ._outcomes import DeadLetterReason
+from ._producer import AsyncProducer, Outgoing
+from ._records import call_from_record, new_delivery
+from ._render import render_body
+from ._routing import DropReason, route
+from ._topics import Topics
+
+__all__ = ["RouterHandler"]
+
+
+class RouterHandler:
+    role = "router"
+
+    def __init__(
+        self,
+        *,
+        topics: Topics,
+        follower: ConfigFollower,
+        producer: AsyncProducer,
+        stop: asyncio.Event,
+        codec: Codec | None = None,
+    ) -> None:
+        self._topics = topics
+        self._follower = follower
+        self._producer = producer
+        self._stop = stop
+        self._codec = codec or Codec.default()
+        self._routed = {t: metrics.CALLS_ROUTED.labels(t.value) for t in CallType}
+        self._dropped = {r: metrics.CALLS_DROPPED.labels(r.value) for r in DropReason}
+
+    def topics(self) -> Sequence[str]:
+        return [self._topics.calls]
+
+    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        table = self._follower.table
+        codec = self._codec
+        deliveries_topic = self._topics.deliveries
+        out: list[Outgoing] = []
+        for taken in batch:
+            message = taken.message
+            try:
+                call = call_from_record(codec.decode("Call", message.value()))
+            except (UndecodableRecord, KeyError, ValueError) as exc:
+                letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
+                metrics.DEAD_LETTERS.labels(DeadLetterReason.UNDECODABLE.value).inc()
+                out.append((self._topics.dlq, None, codec.encode("DeadLetter", letter)))
+                continue
+            self._routed[call.type].inc()
+            decision = route(call, table)
+            if decision.dropped is not None:
+                self._dropped[decision.dropped].inc()
+                continue
+            body = render_body(call)
+            user_key = call.key
+            for destination in decision.destinations:
+                record = codec.encode("Delivery", new_delivery(call, destination.id, body))
+                # One destination's traffic spreads over partitions; one user's calls to one
+                # destination stay in one partition, in order.
+                out.append((deliveries_topic, destination.id.encode() + b"/" + user_key, record))
+        metrics.DELIVERIES_ROUTED.inc(len(out))
+        await self._producer.send_all_until_acked(out, self._stop)
+        for taken in batch:
+            loop.finish(taken)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,46 @@
+"""Topic names. Every name takes the ``--topic-prefix``; retry tiers are numbered from 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Topics"]
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The pipeline's topic names for one prefix and one number of retry tiers.
+
+    >>> Topics("t1.", retry_tiers=2).retry
+    ('t1.deliveries.webhooks.retry.0', 't1.deliveries.webhooks.retry.1')
+    """
+
+    prefix: str = ""
+    retry_tiers: int = 5
+
+    @property
+    def calls(self) -> str:
+        return f"{self.prefix}calls"
+
+    @property
+    def config(self) -> str:
+        return f"{self.prefix}config"
+
+    @property
+    def deliveries(self) -> str:
+        return f"{self.prefix}deliveries.webhooks"
+
+    @property
+    def retry(self) -> tuple[str, ...]:
+        return tuple(f"{self.deliveries}.retry.{n}" for n in range(self.retry_tiers))
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.deliveries}.dlq"
+
+    def retry_tier_of(self, topic: str) -> int | None:
+        """The tier number of a retry topic, or ``None`` for any other topic."""
+        try:
+            return self.retry.index(topic)
+        except ValueError:
+            return None

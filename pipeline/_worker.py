@@ -1,0 +1,91 @@
+"""Runs one or more roles (router, deliver, retry) in one process, sharing config, producer and
+HTTP session. Consumer groups are ``<topic prefix><role>``: scaling out means starting more
+processes with the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterable
+
+from ._config_store import ConfigFollower
+from ._consumer_loop import ConsumerLoop
+from ._deliver import DeliveryHandler
+from ._kafka import topics_for
+from ._producer import AsyncProducer
+from ._router import RouterHandler
+from ._sender import WebhookSender
+from ._settings import Settings
+
+__all__ = ["ROLES", "run_roles", "run_roles_until_signalled", "group_id"]
+
+log = logging.getLogger("pipeline.worker")
+
+ROLES = ("router", "deliver", "retry")
+
+
+def group_id(settings: Settings, role: str) -> str:
+    return f"{settings.topic_prefix}{role}"
+
+
+async def run_roles(
+    settings: Settings,
+    roles: Iterable[str],
+    stop: asyncio.Event,
+    *,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run ``roles`` until ``stop`` is set; then drain in-flight work, commit, and return."""
+    roles = [r for r in ROLES if r in set(roles)]
+    topics = topics_for(settings)
+    follower = ConfigFollower(settings).start()
+    producer: AsyncProducer | None = None
+    sender: WebhookSender | None = None
+    try:
+        await asyncio.to_thread(follower.wait_ready, 60.0)
+        producer = AsyncProducer(settings)
+        loops: list[ConsumerLoop] = []
+        if "router" in roles:
+            handler = RouterHandler(topics=topics, follower=follower, producer=producer, stop=stop)
+            loops.append(ConsumerLoop(settings, group_id(settings, "router"), handler))
+        if "deliver" in roles or "retry" in roles:
+            sender = await WebhookSender(settings).start()
+        for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
+            if role in roles:
+                assert sender is not None
+                delivery = DeliveryHandler(
+                    role,
+                    topics_in,
+                    settings=settings,
+                    topics=topics,
+                    follower=follower,
+                    producer=producer,
+                    sender=sender,
+                    stop=stop,
+                )
+                loops.append(ConsumerLoop(settings, group_id(settings, role), delivery))
+        log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
+        if ready is not None:
+            ready.set()
+        await asyncio.gather(*(loop.run(stop) for loop in loops))
+    finally:
+        if sender is not None:
+            await sender.aclose()
+        if producer is not None:
+            await asyncio.to_thread(producer.close)
+        follower.stop()
+
+
+def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
+    """The entry point of ``pipeline router|deliver|retry|worker``: SIGINT/SIGTERM drain and exit."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_roles(settings, roles, stop)
+
+    asyncio.run(main())
