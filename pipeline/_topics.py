@@ -38,6 +38,11 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.deliveries}.dlq"
 
+    @property
+    def dlq_replays(self) -> str:
+        """Which dead letters were replayed (compacted, keyed by dead-letter id)."""
+        return f"{self.dlq}.replays"
+
     def retry_tier_of(self, topic: str) -> int | None:
         """The tier number of a retry topic, or ``None`` for any other topic."""
         try:

@@ -111,6 +111,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     at: float
+    answer: Any = None
 
     @property
     def json(self) -> Any:
@@ -139,6 +140,11 @@ class Receiver:
         with self.lock:
             return len(self.requests)
 
+    def delivered(self) -> list[Any]:
+        """Bodies of the requests this receiver answered with a 2xx."""
+        with self.lock:
+            return [r.json for r in self.requests if isinstance(r.answer, int) and r.answer < 300]
+
 
 class _ServerThread:
     def __init__(self) -> None:
@@ -155,6 +161,7 @@ class _ServerThread:
             self.run(runner.cleanup())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 @pytest.fixture
@@ -167,10 +174,10 @@ def receiver_factory() -> Iterator[Callable[..., Receiver]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             with receiver.lock:
-                receiver.requests.append(
-                    Request(request.path, dict(request.headers), body, time.time())
-                )
                 answer = receiver.responses.pop(0) if receiver.responses else receiver.default
+                receiver.requests.append(
+                    Request(request.path, dict(request.headers), body, time.time(), answer)
+                )
             if answer == "hang":
                 await asyncio.sleep(3600)
             status, headers = answer if isinstance(answer, tuple) else (answer, {})
@@ -220,6 +227,9 @@ class InProcessWorker:
             except BaseException as exc:  # surfaced by stop()
                 self.error = exc
                 self.ready.set()
+            finally:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.close()
 
         self.thread = threading.Thread(target=target, daemon=True)
         self.thread.start()
@@ -283,3 +293,58 @@ def send_calls(settings: Settings, calls: list[dict[str, Any]], write_key: str) 
     )
     assert summary.ok, summary.rejected
     assert summary.sent == len(calls)
+
+
+def read_topic(settings: Settings, topic: str, schema: str, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Read ``count`` Avro records of ``topic`` from the beginning (fails after ``timeout``)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from pipeline._codec import Codec
+    from pipeline._kafka import consumer_config
+
+    consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
+    metadata = consumer.list_topics(topic, timeout=10)
+    partitions = sorted(metadata.topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    codec = Codec.default()
+    records: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(records) < count and time.monotonic() < deadline:
+            for message in consumer.consume(100, 0.2):
+                if message.error() is None:
+                    records.append(codec.decode(schema, message.value()))
+    finally:
+        consumer.close()
+    assert len(records) >= count, f"{topic}: {len(records)} records, expected {count}"
+    return records
+
+
+def dead_letters(settings: Settings, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    from pipeline._kafka import topics_for
+
+    return read_topic(settings, topics_for(settings).dlq, "DeadLetter", count, timeout)
+
+
+def stays(predicate: Callable[[], bool], seconds: float = 1.5) -> bool:
+    """True if ``predicate`` holds for ``seconds`` (to assert that something does NOT happen)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def simple_config(*urls: str, secret: str | None = None, **destination: Any) -> dict[str, Any]:
+    """Source ``web`` (write key ``wk``) → destination ``hooks`` (name ``Webhooks``) → ``urls``."""
+    dest: dict[str, Any] = {
+        "id": "hooks",
+        "name": "Webhooks",
+        "sources": ["web"],
+        "webhooks": [{"url": url} for url in urls],
+    }
+    if secret is not None:
+        dest["shared_secret"] = secret
+    dest.update(destination)
+    return {"sources": [{"id": "web", "write_keys": ["wk"]}], "destinations": [dest]}

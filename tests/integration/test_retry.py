@@ -1,0 +1,131 @@
+"""Retry tiers, the deadline, dead letters and replay (seed §4.1, §7), in compressed time.
+
+The ``settings`` fixture sets PIPELINE_RETRY_DELAYS=1s,2s, PIPELINE_RETRY_DEADLINE=8s and
+PIPELINE_DELIVERY_TIMEOUT=1s; jitter is ±10 %.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from tests.conftest import apply, dead_letters, run_cli, send_calls, simple_config, stays, wait_for
+
+TRACK = {"type": "track", "userId": "u1", "event": "Retried"}
+
+
+def _times(receiver) -> list[float]:
+    return [r.at for r in receiver.requests]
+
+
+def test_503_503_200_is_delivered_once_after_two_retries(settings, receiver_factory, worker_factory):
+    receiver = receiver_factory(200)
+    receiver.responses = [503, 503]
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [TRACK], "wk")
+
+    wait_for(lambda: receiver.count() == 3)
+    assert stays(lambda: receiver.count() == 3, 1.5)
+    first, second, third = _times(receiver)
+    assert second - first >= 0.9, "tier 0 is 1 s - 10 %"
+    assert third - second >= 1.8, "tier 1 is 2 s - 10 %"
+    assert len(receiver.delivered()) == 1
+    assert len({r.body for r in receiver.requests}) == 1, "every retry sends the same bytes"
+
+
+def test_always_500_is_dead_lettered_at_the_deadline(settings, receiver_factory, worker_factory):
+    receiver = receiver_factory(500)
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [TRACK], "wk")
+
+    [letter] = dead_letters(settings, 1, timeout=30)
+    assert letter["reason"] == "deadline_exceeded"
+    delivery = letter["delivery"]
+    attempts = delivery["attempts"]
+    assert len(attempts) == receiver.count() >= 4
+    assert all(a["status"] == 500 for a in attempts)
+    deadline = delivery["firstAttemptAt"] + 8000
+    assert delivery["deadline"] == deadline
+    assert all(a["at"] <= deadline for a in attempts), "no attempt after the deadline"
+    assert _times(receiver)[-1] <= deadline / 1000 + 0.5
+    assert stays(lambda: receiver.count() == len(attempts), 1.0)
+
+
+def test_a_receiver_that_never_answers_in_time_is_retried_then_dead_lettered(
+    settings, receiver_factory, worker_factory
+):
+    receiver = receiver_factory("hang")
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [TRACK], "wk")
+
+    [letter] = dead_letters(settings, 1, timeout=40)
+    assert letter["reason"] == "deadline_exceeded"
+    attempts = letter["delivery"]["attempts"]
+    assert len(attempts) >= 3
+    assert all(a["error"].startswith("timeout") and a["status"] is None for a in attempts)
+    assert all(900 <= a["durationMs"] <= 2500 for a in attempts)
+
+
+def test_404_and_410_are_dead_lettered_after_one_attempt(settings, receiver_factory, worker_factory):
+    receiver = receiver_factory(404)
+    receiver.responses = [410]
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [TRACK, dict(TRACK, userId="u2")], "wk")
+
+    letters = dead_letters(settings, 2)
+    assert [letter["reason"] for letter in letters] == ["client_error", "client_error"]
+    assert sorted(letter["delivery"]["attempts"][0]["status"] for letter in letters) == [404, 410]
+    assert all(len(letter["delivery"]["attempts"]) == 1 for letter in letters)
+    assert stays(lambda: receiver.count() == 2, 2.5)
+
+
+def test_429_retry_after_is_honoured(settings, receiver_factory, worker_factory):
+    receiver = receiver_factory(200)
+    receiver.responses = [(429, {"Retry-After": "2"})]
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [TRACK], "wk")
+
+    wait_for(lambda: receiver.count() == 2)
+    first, second = _times(receiver)
+    assert second - first >= 1.95, "Retry-After: 2 beats the 1 s tier"
+    assert len(receiver.delivered()) == 1
+
+
+def test_dlq_list_and_replay_deliver_once_the_receiver_is_fixed(
+    settings, receiver_factory, worker_factory
+):
+    receiver = receiver_factory(404)
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [dict(TRACK, messageId="m-replay")], "wk")
+    dead_letters(settings, 1)
+
+    listed = run_cli(settings, "dlq", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "client_error" in listed.stdout and "m-replay" in listed.stdout
+    assert "1 dead letters" in listed.stdout
+    as_json = [orjson.loads(line) for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()]
+    assert [(e["reason"], e["delivery"]["messageId"]) for e in as_json] == [("client_error", "m-replay")]
+    assert run_cli(settings, "dlq", "list", "--reason", "tls_error").stdout.strip().endswith("0 dead letters")
+    assert "0 dead letters" in run_cli(settings, "dlq", "list", "--since", "1s", "--until", "1s").stdout
+
+    dry = run_cli(settings, "dlq", "replay", "--dry-run")
+    assert "would replay 1;" in dry.stdout
+    assert stays(lambda: receiver.count() == 1, 0.5)
+
+    receiver.default = 200
+    replay = run_cli(settings, "dlq", "replay", "--destination", "hooks")
+    assert replay.returncode == 0, replay.stderr
+    assert "replayed 1;" in replay.stdout
+    wait_for(lambda: len(receiver.delivered()) == 1)
+    assert receiver.delivered()[0]["messageId"] == "m-replay"
+
+    again = run_cli(settings, "dlq", "replay")
+    assert "replayed 0; skipped 1 already replayed" in again.stdout
+    assert stays(lambda: receiver.count() == 2, 1.0)
+    assert [orjson.loads(line)["replayedAt"] is not None
+            for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()] == [True]
