@@ -173,7 +173,14 @@ def parse_call(
     """
     if not isinstance(raw, dict):
         raise InvalidCall("call", f"must be a JSON object, got {_kind(raw)}")
-    size = raw_size if raw_size is not None else len(orjson.dumps(raw, default=str))
+    if raw_size is None:
+        try:
+            raw_size = len(orjson.dumps(raw))
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise InvalidCall(
+                _unencodable_field(raw), f"cannot be encoded as JSON: {exc}"
+            ) from None
+    size = raw_size
     if size > MAX_CALL_BYTES:
         raise CallTooLarge("call", size, MAX_CALL_BYTES)
 
@@ -211,6 +218,16 @@ def parse_call(
     )
     _check_required(call)
     return call
+
+
+def _unencodable_field(raw: dict[str, Any]) -> str:
+    """The top-level field whose value JSON cannot encode (non-string keys, huge integers)."""
+    for key, value in raw.items():
+        try:
+            orjson.dumps({key: value})
+        except (TypeError, orjson.JSONEncodeError):
+            return str(key)
+    return "call"
 
 
 def _check_required(call: Call) -> None:

@@ -57,6 +57,7 @@ RESERVED_HEADERS = frozenset(
         "content-length",
         "content-type",
         "host",
+        "user-agent",
         "transfer-encoding",
         "connection",
         "keep-alive",
@@ -119,6 +120,8 @@ class Webhook(_Model):
                 raise ValueError(f"header {name!r} is set by the pipeline and cannot be configured")
             if any(ch in value for ch in "\r\n\x00"):
                 raise ValueError(f"header {name!r} has a line break or NUL in its value")
+            if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in value):
+                raise ValueError(f"header {name!r} has a control character in its value")
             if len(value) > MAX_HEADER_VALUE_CHARS:
                 raise ValueError(
                     f"header {name!r} value is {len(value)} characters, "

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ._codec import Codec
 from ._config import ConfigTable, Destination, PipelineConfig, Source, Webhook
@@ -149,12 +148,17 @@ class ConfigFollower:
             consumer.close()
 
     def _partitions(self, consumer: Consumer) -> list[int]:
+        """The config topic's partitions; waits (retrying) while the broker is unreachable."""
         while not self._stop.is_set():
-            metadata = consumer.list_topics(self._topic, timeout=5)
-            topic = metadata.topics.get(self._topic)
-            if topic is not None and topic.error is None and topic.partitions:
-                return sorted(topic.partitions)
-            time.sleep(0.5)
+            try:
+                metadata = consumer.list_topics(self._topic, timeout=5)
+            except KafkaException as exc:
+                log.debug("config topic metadata: %s; retrying", exc)
+            else:
+                topic = metadata.topics.get(self._topic)
+                if topic is not None and topic.error is None and topic.partitions:
+                    return sorted(topic.partitions)
+            self._stop.wait(0.5)
         return []
 
     def _apply_record(self, key: bytes | None, value: bytes | None) -> bool:

@@ -125,7 +125,7 @@ def classify(status: int) -> Failure | None:
         return Failure.REDIRECT
     if 400 <= status < 500:
         return Failure.CLIENT_ERROR
-    if status >= 500:
+    if 500 <= status < 600:
         return Failure.SERVER_ERROR
     return Failure.BAD_RESPONSE
 

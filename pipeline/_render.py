@@ -8,7 +8,7 @@ JSON text in the call record and are spliced in without being parsed again.
 Per type, beyond the common fields:
 
     page      properties (path, referrer, title, url and any others), name, category if given
-    screen    name, properties if given, context
+    screen    name and properties if given, context
     identify  traits
     track     event, properties
     alias     "Previous ID", "User ID"   (the keys contain spaces, as the seed writes them)
@@ -62,7 +62,8 @@ def render_body(call: Call) -> bytes:
             if call.category is not None:
                 parts += [b',"category":', _s(call.category)]
         case CallType.SCREEN:
-            parts += [b',"name":', _s(call.name)]
+            if call.name is not None:
+                parts += [b',"name":', _s(call.name)]
             if call.properties is not None:
                 parts += [b',"properties":', _obj(call.properties)]
         case CallType.IDENTIFY:

@@ -17,6 +17,15 @@ from ._durations import parse_duration, parse_duration_list
 
 __all__ = ["Settings"]
 
+#: The environment variable of each range-checked setting, for error messages.
+_ENV_NAMES = {
+    "partitions": "PIPELINE_PARTITIONS",
+    "retry_partitions": "PIPELINE_RETRY_PARTITIONS",
+    "replication_factor": "PIPELINE_REPLICATION_FACTOR",
+    "max_in_flight": "PIPELINE_MAX_IN_FLIGHT",
+    "max_connections_per_host": "PIPELINE_MAX_CONNECTIONS_PER_HOST",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -77,13 +86,23 @@ class Settings:
             values["retry_delays"] = parse_duration_list(
                 env["PIPELINE_RETRY_DELAYS"], name="PIPELINE_RETRY_DELAYS"
             )
-        return cls(**values).validated()  # type: ignore[arg-type]
+        try:
+            return cls(**values).validated()  # type: ignore[arg-type]
+        except ValueError as exc:
+            field = str(exc).split(":", 1)[0]
+            raise ValueError(f"{_ENV_NAMES.get(field, field)}{str(exc)[len(field) :]}") from None
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes).validated()  # type: ignore[arg-type]
 
     def validated(self) -> Settings:
-        for field in ("partitions", "retry_partitions", "replication_factor", "max_in_flight"):
+        for field in (
+            "partitions",
+            "retry_partitions",
+            "replication_factor",
+            "max_in_flight",
+            "max_connections_per_host",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
         if not self.retry_delays:

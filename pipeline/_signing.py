@@ -26,4 +26,8 @@ def verify(body: bytes, secret: str, signature: str | None) -> bool:
     """True when ``signature`` is the HMAC-SHA1 of ``body`` under ``secret``."""
     if not signature:
         return False
-    return hmac.compare_digest(sign(body, secret), signature.strip().lower())
+    try:
+        given = signature.strip().lower().encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(sign(body, secret).encode("ascii"), given)
