@@ -120,7 +120,12 @@ class ConfigFollower:
             consumer_config(
                 self._settings,
                 group_id="pipeline-config-reader",  # required by librdkafka; never joined
-                **{"enable.partition.eof": True, "topic.metadata.refresh.interval.ms": 5000},
+                **{
+                    "enable.partition.eof": True,
+                    "topic.metadata.refresh.interval.ms": 5000,
+                    # End-of-partition is reported after an empty fetch: answer those quickly.
+                    "fetch.wait.max.ms": 100,
+                },
             )
         )
         try:
