@@ -57,7 +57,8 @@ def main() -> None:
         assert summary.sent == args.calls
 
         env = dict(os.environ, PIPELINE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-                   PIPELINE_TOPIC_PREFIX=settings.topic_prefix, PIPELINE_SESSION_TIMEOUT="6s")
+                   PIPELINE_TOPIC_PREFIX=settings.topic_prefix, PIPELINE_SESSION_TIMEOUT="6s",
+                   PIPELINE_ALLOWED_NETWORKS="127.0.0.0/8")
         started = time.monotonic()
         worker = subprocess.Popen([sys.executable, "-m", "pipeline", "worker"], env=env,
                                   stderr=subprocess.DEVNULL)

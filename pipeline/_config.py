@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._exceptions import ConfigError
 
@@ -149,7 +149,17 @@ class Destination(_Model):
     enabled: bool = True
     sources: list[Id] = Field(min_length=1)
     shared_secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    #: Also sign per the Standard Webhooks spec (replay protection); needs ``shared_secret``.
+    standard_webhooks: bool = False
+    #: At most this many requests per second to this destination, per worker process.
+    rate_limit: Annotated[float, Field(gt=0, le=100_000)] | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)
+
+    @model_validator(mode="after")
+    def _signing_needs_secret(self) -> Destination:
+        if self.standard_webhooks and not self.shared_secret:
+            raise ValueError("standard_webhooks needs a shared_secret to sign with")
+        return self
 
 
 class PipelineConfig(_Model):

@@ -55,6 +55,8 @@ def _encode_destination(dest: Destination) -> dict[str, Any]:
         "enabled": dest.enabled,
         "sources": list(dest.sources),
         "sharedSecret": dest.shared_secret,
+        "standardWebhooks": dest.standard_webhooks,
+        "rateLimit": dest.rate_limit,
         "webhooks": [{"url": w.url, "headers": dict(w.headers)} for w in dest.webhooks],
     }
 
@@ -66,6 +68,8 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         enabled=record["enabled"],
         sources=record["sources"],
         shared_secret=record["sharedSecret"],
+        standard_webhooks=record["standardWebhooks"],
+        rate_limit=record["rateLimit"],
         webhooks=[Webhook(url=w["url"], headers=w["headers"]) for w in record["webhooks"]],
     )
 

@@ -158,7 +158,7 @@ class DeliveryHandler:
             record["firstAttemptAt"] = first = int(now * 1000)
             record["deadline"] = int(self._schedule.deadline_at(now) * 1000)
 
-        results = await self._sender.attempt(destination, record["body"])
+        results = await self._sender.attempt(destination, record["body"], record["messageId"])
         finished = time.time()
         record["attempts"].extend(_attempt_entries(results, now))
         decision = decide(results)

@@ -192,5 +192,9 @@ async def _first(awaitable: Any, worker: asyncio.Task[None]) -> None:
 
 
 def run_dev(settings: Settings, *, receiver_port: int = 8090, broker_port: int = 9092) -> None:
-    settings = settings.replace(session_timeout=settings.session_timeout or 6.0)
+    settings = settings.replace(
+        session_timeout=settings.session_timeout or 6.0,
+        # The demo receiver is on loopback, which the SSRF guard blocks by default.
+        allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
+    )
     asyncio.run(_dev(settings, free_port_or(receiver_port), free_port_or(broker_port)))

@@ -65,10 +65,13 @@ class Failure(enum.StrEnum):
     """The URL cannot be requested."""
     BLOCKED_ADDRESS = "blocked_address"
     """The host resolves to an address deliveries may not reach."""
+    CIRCUIT_OPEN = "circuit_open"
+    """Not tried: the endpoint's circuit breaker is open after a run of failures."""
 
 
 RETRYABLE = frozenset(
     {
+        Failure.CIRCUIT_OPEN,
         Failure.SERVER_ERROR,
         Failure.RATE_LIMITED,
         Failure.TIMEOUT,

@@ -1,11 +1,14 @@
 """``pipeline receiver``: a webhook receiver that verifies ``X-Signature`` and prints each call.
 
-With ``--secret`` a request whose signature does not match the body is answered 401 and reported.
+With ``--secret`` a request whose ``X-Signature`` does not match the body is answered 401 and
+reported; so is one whose Standard Webhooks headers (when present) do not match or carry a
+timestamp more than 5 minutes from this machine's clock (a replayed capture).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +17,7 @@ from typing import TextIO
 import orjson
 from aiohttp import web
 
-from ._signing import SIGNATURE_HEADER, verify
+from ._signing import SIGNATURE_HEADER, verify, verify_standard_webhooks
 
 __all__ = ["ReceivedCall", "make_receiver_app", "describe"]
 
@@ -71,6 +74,11 @@ def make_receiver_app(
         signature_ok = None
         if secret is not None:
             signature_ok = verify(body, secret, request.headers.get(SIGNATURE_HEADER))
+            if "webhook-signature" in request.headers:
+                # Standard Webhooks: the signature must match AND be fresh (replay protection).
+                signature_ok = signature_ok and verify_standard_webhooks(
+                    request.headers, body, secret, now=time.time()
+                )
         call = ReceivedCall(request.path, dict(request.headers), body, signature_ok)
         if on_call is not None:
             on_call(call)

@@ -24,6 +24,7 @@ _ENV_NAMES = {
     "replication_factor": "PIPELINE_REPLICATION_FACTOR",
     "max_in_flight": "PIPELINE_MAX_IN_FLIGHT",
     "max_connections_per_host": "PIPELINE_MAX_CONNECTIONS_PER_HOST",
+    "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
 }
 
 
@@ -50,6 +51,12 @@ class Settings:
     #: Connections a delivery worker opens to one host at most.
     max_connections_per_host: int = 100
     schema_registry_url: str | None = None
+    #: CIDRs deliveries may reach although the SSRF guard blocks them (e.g. ``127.0.0.0/8``).
+    allowed_networks: tuple[str, ...] = ()
+    #: Retryable failures in a row that open an endpoint's circuit breaker.
+    circuit_failures: int = 5
+    #: Seconds an open circuit waits before letting one probe through.
+    circuit_cool_down: float = 30.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -82,6 +89,12 @@ class Settings:
         seconds("PIPELINE_RETRY_DEADLINE", "retry_deadline")
         seconds("PIPELINE_DELIVERY_TIMEOUT", "delivery_timeout")
         seconds("PIPELINE_SESSION_TIMEOUT", "session_timeout")
+        integer("PIPELINE_CIRCUIT_FAILURES", "circuit_failures")
+        seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
+        if env.get("PIPELINE_ALLOWED_NETWORKS"):
+            values["allowed_networks"] = tuple(
+                part.strip() for part in env["PIPELINE_ALLOWED_NETWORKS"].split(",") if part.strip()
+            )
         if env.get("PIPELINE_RETRY_DELAYS"):
             values["retry_delays"] = parse_duration_list(
                 env["PIPELINE_RETRY_DELAYS"], name="PIPELINE_RETRY_DELAYS"
@@ -107,4 +120,9 @@ class Settings:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
         if not self.retry_delays:
             raise ValueError("retry_delays: give at least one delay")
+        if self.circuit_failures < 1:
+            raise ValueError(f"circuit_failures: must be at least 1, got {self.circuit_failures}")
+        from ._address_policy import AddressPolicy
+
+        AddressPolicy.parse(self.allowed_networks)  # raises ValueError naming a bad entry
         return self

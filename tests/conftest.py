@@ -62,6 +62,9 @@ def settings(broker: EmbeddedBroker) -> Settings:
         retry_delays=(1.0, 2.0),
         retry_deadline=8.0,
         delivery_timeout=1.0,
+        # The SSRF guard blocks loopback by default; test receivers live on 127.0.0.1.
+        allowed_networks=("127.0.0.0/8",),
+        circuit_cool_down=1.0,
     )
     create_topics(settings)
     return settings
@@ -79,6 +82,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         PIPELINE_RETRY_DELAYS=",".join(f"{d}s" for d in settings.retry_delays),
         PIPELINE_RETRY_DEADLINE=f"{settings.retry_deadline}s",
         PIPELINE_DELIVERY_TIMEOUT=f"{settings.delivery_timeout}s",
+        PIPELINE_ALLOWED_NETWORKS=",".join(settings.allowed_networks),
+        PIPELINE_CIRCUIT_FAILURES=str(settings.circuit_failures),
+        PIPELINE_CIRCUIT_COOL_DOWN=f"{settings.circuit_cool_down}s",
     )
     return env
 
@@ -159,6 +165,14 @@ class _ServerThread:
     def close(self) -> None:
         for runner in self.runners:
             self.run(runner.cleanup())
+
+        async def cancel_rest() -> None:  # handlers still hanging on purpose
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(cancel_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()

@@ -139,12 +139,33 @@ RECORDS: dict[str, dict[str, Any]] = {
         "enabled": True,
         "sources": ["web", "ios"],
         "sharedSecret": "s3cret",
+        "standardWebhooks": True,
+        "rateLimit": 25.0,
         "webhooks": [
             {"url": "https://example.com/hook", "headers": {"Authorization": "Bearer abc"}},
             {"url": "http://127.0.0.1:8090/x", "headers": {}},
         ],
     },
 }
+
+
+def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: Codec) -> None:
+    """schemas/history/destination.v1.avsc predates standardWebhooks and rateLimit."""
+    import io
+
+    import fastavro
+
+    from pipeline._codec import MAGIC, _fingerprint, schema_dir
+
+    old = fastavro.parse_schema(
+        json.loads((schema_dir() / "history" / "destination.v1.avsc").read_text())
+    )
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ("standardWebhooks", "rateLimit")}
+    out = io.BytesIO()
+    out.write(MAGIC + _fingerprint(old))
+    fastavro.schemaless_writer(out, old, record)
+    decoded = codec.decode("Destination", out.getvalue())
+    assert decoded == {**record, "standardWebhooks": False, "rateLimit": None}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

@@ -1,0 +1,75 @@
+"""A circuit breaker per webhook endpoint. Pure logic; the clock is an argument.
+
+Closed: requests flow. After ``failures`` retryable failures in a row the circuit opens: records
+for the endpoint go to the next retry tier without a request. After ``cool_down`` seconds it half
+opens and lets one probe through; the probe's success closes it, its failure opens it again.
+
+    >>> now = [0.0]
+    >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, clock=lambda: now[0])
+    >>> breaker.allow(); breaker.record(ok=False); breaker.allow()
+    True
+    False
+    >>> now[0] = 31.0
+    >>> breaker.allow(), breaker.allow()  # half open: one probe only
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+
+__all__ = ["CircuitBreaker", "CircuitState"]
+
+
+class CircuitState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    __slots__ = ("failures", "cool_down", "_clock", "state", "_run", "_opened_at", "_probing")
+
+    def __init__(
+        self,
+        *,
+        failures: int = 5,
+        cool_down: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.failures = failures
+        self.cool_down = cool_down
+        self._clock = clock
+        self.state = CircuitState.CLOSED
+        self._run = 0
+        self._opened_at = 0.0
+        self._probing = False
+
+    def allow(self) -> bool:
+        """May a request be sent now? (In half-open state, only the one probe.)"""
+        if self.state is CircuitState.CLOSED:
+            return True
+        if self.state is CircuitState.OPEN:
+            if self._clock() - self._opened_at < self.cool_down:
+                return False
+            self.state = CircuitState.HALF_OPEN
+            self._probing = False
+        if self._probing:
+            return False
+        self._probing = True
+        return True
+
+    def record(self, *, ok: bool) -> None:
+        """The outcome of a request: ``ok`` for a success, else a retryable failure."""
+        if ok:
+            self.state = CircuitState.CLOSED
+            self._run = 0
+            self._probing = False
+            return
+        self._run += 1
+        if self.state is CircuitState.HALF_OPEN or self._run >= self.failures:
+            self.state = CircuitState.OPEN
+            self._opened_at = self._clock()
+            self._probing = False

@@ -1,0 +1,39 @@
+"""A token bucket: at most ``rate`` requests per second, bursts up to ``burst``. Pure logic.
+
+>>> now = [0.0]
+>>> bucket = TokenBucket(rate=2.0, burst=1.0, clock=lambda: now[0])
+>>> bucket.reserve(), bucket.reserve()   # the second waits half a second
+(0.0, 0.5)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["TokenBucket"]
+
+
+class TokenBucket:
+    __slots__ = ("rate", "burst", "_clock", "_tokens", "_updated")
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        burst: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1.0, rate)
+        self._clock = clock
+        self._tokens = self.burst
+        self._updated = clock()
+
+    def reserve(self) -> float:
+        """Take one token; return how many seconds the caller must wait before using it."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
