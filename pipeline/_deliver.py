@@ -160,14 +160,14 @@ class DeliveryHandler:
 
         results = await self._sender.attempt(destination, record["body"], record["messageId"])
         finished = time.time()
-        record["attempts"].extend(_attempt_entries(results, now))
         decision = decide(results)
         metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
 
         if decision.outcome is Outcome.DELIVERED:
             self._outcomes[Outcome.DELIVERED].inc()
             metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record["receivedAt"] / 1000))
-            return []
+            return []  # a delivered record is not kept, so neither is its attempt history
+        record["attempts"].extend(_attempt_entries(results, now))
         if decision.outcome is Outcome.DEAD_LETTER:
             assert decision.reason is not None
             self._outcomes[Outcome.DEAD_LETTER].inc()

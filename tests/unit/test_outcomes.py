@@ -51,8 +51,14 @@ def test_1xx_is_a_bad_response(status: int) -> None:
     assert classify(status) is Failure.BAD_RESPONSE
 
 
+@pytest.mark.parametrize("status", [600, 700, 999])
+def test_statuses_past_599_are_bad_responses(status: int) -> None:
+    assert classify(status) is Failure.BAD_RESPONSE
+
+
 def test_retryable_failures() -> None:
     assert RETRYABLE == {
+        Failure.CIRCUIT_OPEN,
         Failure.SERVER_ERROR,
         Failure.RATE_LIMITED,
         Failure.TIMEOUT,
