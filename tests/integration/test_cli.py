@@ -1,0 +1,96 @@
+"""The operator commands: broker, topics create, dev."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from pipeline._net import free_port, port_open
+from tests.conftest import ROOT, run_cli, wait_for
+
+
+def test_topics_create_is_idempotent(settings):
+    prefix = settings.topic_prefix
+    fresh = settings.__class__(**{**_fields(settings), "topic_prefix": prefix + "again."})
+    first = run_cli(fresh, "topics", "create")
+    assert first.returncode == 0, first.stderr
+    lines = dict(line.split(None, 1) for line in first.stdout.splitlines())
+    expected = {
+        f"{prefix}again.{name}"
+        for name in (
+            "calls", "config", "deliveries.webhooks", "deliveries.webhooks.retry.0",
+            "deliveries.webhooks.retry.1", "deliveries.webhooks.dlq",
+        )
+    }
+    assert expected <= set(lines)
+    assert all(lines[name] == "created" for name in expected)
+    second = run_cli(fresh, "topics", "create")
+    assert second.returncode == 0
+    assert all(line.endswith("exists") for line in second.stdout.splitlines())
+
+
+def _fields(settings) -> dict:
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+
+
+def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "broker", "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: port_open("127.0.0.1", port), timeout=20)
+        own = settings.__class__(**{**_fields(settings), "bootstrap_servers": f"127.0.0.1:{port}"})
+        created = run_cli(own, "topics", "create")
+        assert created.returncode == 0, created.stderr
+        assert "created" in created.stdout
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        assert not port_open("127.0.0.1", port)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "dev", "--broker-port", str(free_port()),
+         "--receiver-port", str(free_port())],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines: list[str] = []
+    errors: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True),
+        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, "")), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        started = time.monotonic()
+        wait_for(lambda: any("all 8 arrived" in e for e in errors), timeout=60)
+        print(f"\npipeline dev: every sample call arrived {time.monotonic() - started:.1f} s after start")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    for reader in readers:
+        reader.join(5)
+    process.stdout.close()
+    process.stderr.close()
+    received = [line for line in lines if "✓ received" in line]
+    kinds = {line.split()[2] for line in received}
+    assert kinds == {"identify", "track", "page", "screen", "group", "alias", "delete"}
+    assert all("[signature ok]" in line for line in received)
+    assert any("▸ stopped." in e for e in errors)
