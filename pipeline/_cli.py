@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -112,6 +113,57 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--source", help="source id, instead of a write key")
     send.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+    dlq = sub.add_parser("dlq", parents=[common], help="inspect and replay dead letters")
+    dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("list", "show dead letters"), ("replay", "re-enqueue dead letters")):
+        p = dlq_sub.add_parser(action, parents=[common], help=text)
+        p.add_argument("--destination", help="only this destination id")
+        p.add_argument("--reason", help="only this reason (e.g. deadline_exceeded, client_error)")
+        p.add_argument("--since", help="dead-lettered at or after: ISO time or a duration ago (2h)")
+        p.add_argument("--until", help="dead-lettered at or before: ISO time or a duration ago")
+        if action == "list":
+            p.add_argument("--json", action="store_true", help="JSON lines output")
+        else:
+            p.add_argument("--dry-run", action="store_true", help="show what would be replayed")
+
+    delete = sub.add_parser(
+        "delete-user", parents=[common], help="a deletion request (delete calls)"
+    )
+    delete.add_argument("user_id", metavar="USER_ID", help="the user to delete")
+    delete.add_argument("--reason", help="why (recorded with the request)")
+    delete.add_argument(
+        "--force", action="store_true", help="notify already notified sources again"
+    )
+    delete.add_argument("--status", action="store_true", help="show what the requests sent")
+    for name, column, text in (
+        ("audience", "--members", "FILE: one user id per line, or CSV with a user_id column"),
+        ("traits", "--values", "FILE: CSV user_id,value (12 → number, true → boolean)"),
+    ):
+        group = sub.add_parser(name, parents=[common], help=f"{name} syncs (identify calls)")
+        sync = group.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+            "sync", parents=[common], help="send identify calls for what changed since last sync"
+        )
+        sync.add_argument("--source", required=True, help="source id the calls belong to")
+        sync.add_argument("--name", required=True, help='e.g. "Order Completed Last 30days"')
+        sync.add_argument(column, required=True, metavar="FILE", help=text + " ('-': stdin)")
+        sync.add_argument("--dry-run", action="store_true", help="show the changes, send nothing")
+        sync.add_argument(
+            "--allow-empty", action="store_true", help="accept a file with no users (removes all)"
+        )
+        sync.add_argument("--json", action="store_true", help="print the summary as JSON")
+        sync.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+    ingest = sub.add_parser(
+        "ingest", parents=[common], help="the HTTP ingestion API (Segment-compatible, /metrics too)"
+    )
+    _server(ingest, 8080)
+    ingest.add_argument(
+        "--ack-timeout",
+        metavar="DURATION",
+        help="answer 503 when Kafka has not acknowledged within this (env "
+        "PIPELINE_INGEST_ACK_TIMEOUT, default 10s)",
+    )
+
     receiver = sub.add_parser(
         "receiver", parents=[common], help="a webhook receiver that prints calls"
     )
@@ -192,8 +244,29 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if command == "send":
         return _send(args, settings)
+    if command == "ingest":
+        from ._durations import parse_duration
+        from ._ingest import IngestOptions, run_ingest
+
+        options = IngestOptions.from_env()
+        if args.ack_timeout:
+            options = IngestOptions(
+                ack_timeout=parse_duration(args.ack_timeout, name="--ack-timeout")
+            )
+        run_ingest(settings, args.host, args.port, options, access_log=args.verbose)
+        return 0
     if command == "receiver":
         return _receiver(args)
+    if command == "dlq":
+        return _dlq(args, settings)
+    if command == "delete-user":
+        from ._deletion import run_delete_user
+
+        return run_delete_user(args, settings)
+    if command in ("audience", "traits"):
+        from ._audience_sync import run_audience_sync, run_traits_sync
+
+        return (run_audience_sync if command == "audience" else run_traits_sync)(args, settings)
     raise AssertionError(command)
 
 
@@ -244,6 +317,8 @@ def _config_apply(args: argparse.Namespace, settings: Settings) -> int:
     from ._config_store import apply_config
 
     config = validate_config(_read_yaml(args.file))
+    for warning in _blocked_url_warnings(config, settings):
+        print(f"warning: {warning}", file=sys.stderr)
     plan = apply_config(settings, config, prune=not args.no_prune, dry_run=args.dry_run)
     verb = "would" if args.dry_run else ""
     for label, keys in (
@@ -258,6 +333,47 @@ def _config_apply(args: argparse.Namespace, settings: Settings) -> int:
         f"{len(plan.deleted)} deleted, {len(plan.unchanged)} unchanged"
     )
     return 0
+
+
+def _blocked_url_warnings(config: Any, settings: Settings) -> list[str]:
+    """Webhook URLs whose host resolves to an address the SSRF guard refuses (best effort, 3 s)."""
+    import concurrent.futures
+    import socket
+    from urllib.parse import urlsplit
+
+    from ._address_policy import AddressPolicy
+
+    policy = AddressPolicy.parse(settings.allowed_networks)
+
+    def refusals(host: str) -> list[str]:
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            return []  # unresolvable here; the worker decides at delivery time
+        found = {str(policy.refusal(str(info[4][0]))) for info in infos}
+        return sorted(found) if all(policy.refusal(str(i[4][0])) for i in infos) else []
+
+    where = {}
+    for index, dest in enumerate(config.destinations):
+        for number, hook in enumerate(dest.webhooks):
+            host = urlsplit(hook.url).hostname or ""
+            where.setdefault(host, []).append(
+                f"destinations[{index}] ({dest.id}).webhooks[{number}].url"
+            )
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+    futures = {host: pool.submit(refusals, host) for host in where}
+    done, _ = concurrent.futures.wait(futures.values(), timeout=3)
+    pool.shutdown(wait=False, cancel_futures=True)
+    warnings = []
+    for host, future in futures.items():
+        if future in done and future.result():
+            for field in where[host]:
+                warnings.append(
+                    f"{field}: {host} resolves to blocked addresses ({'; '.join(future.result())}); "
+                    "deliveries will be dead-lettered as blocked_address unless "
+                    "PIPELINE_ALLOWED_NETWORKS allows them"
+                )
+    return warnings
 
 
 def _mask(secret: str | None, show: bool) -> str | None:
@@ -338,6 +454,66 @@ def _send(args: argparse.Namespace, settings: Settings) -> int:
         file=sys.stderr,
     )
     return 0 if summary.ok else 1
+
+
+def _dlq(args: argparse.Namespace, settings: Settings) -> int:
+    import orjson
+
+    from ._dlq import DlqFilter, describe_time, list_dead_letters, parse_when, replay_dead_letters
+
+    selection = DlqFilter(
+        destination=args.destination,
+        reason=args.reason,
+        since=parse_when(args.since) if args.since else None,
+        until=parse_when(args.until) if args.until else None,
+    )
+    if args.action == "replay":
+        summary = replay_dead_letters(settings, selection, dry_run=args.dry_run)
+        verb = "would replay" if args.dry_run else "replayed"
+        for entry in summary.replayed:
+            delivery = entry.letter["delivery"]
+            print(
+                f"{verb} {delivery['destinationId']} {delivery['messageId']} ({entry.letter['reason']})"
+            )
+        print(
+            f"{verb} {len(summary.replayed)}; skipped {summary.already_replayed} already replayed, "
+            f"{summary.not_replayable} not replayable (undecodable)"
+        )
+        return 0
+    entries = list_dead_letters(settings, selection)
+    if args.json:
+        for entry in entries:
+            letter = dict(entry.letter)
+            delivery = letter.get("delivery")
+            if delivery is not None:
+                delivery = dict(delivery, body=delivery["body"].decode("utf-8", "replace"))
+            letter["delivery"] = delivery
+            letter["raw"] = None if letter["raw"] is None else letter["raw"].hex()
+            letter["replayedAt"] = entry.replayed_at
+            print(orjson.dumps(letter).decode())
+        return 0
+    print(
+        f"{'DEAD-LETTERED (UTC)':<20} {'REASON':<20} {'DESTINATION':<16} {'MESSAGE ID':<38} "
+        f"{'TRIES':<5} {'REPLAYED':<8} LAST ERROR"
+    )
+    for entry in entries:
+        letter = entry.letter
+        delivery = letter["delivery"] or {}
+        attempts = delivery.get("attempts") or []
+        last = attempts[-1] if attempts else None
+        error = (
+            "-"
+            if last is None
+            else (f"HTTP {last['status']}" if last["status"] is not None else str(last["error"]))
+        )
+        tries = len({a["at"] for a in attempts})
+        print(
+            f"{describe_time(letter['deadLetteredAt']):<20} {letter['reason']:<20} "
+            f"{delivery.get('destinationId', '-'):<16} {delivery.get('messageId', '-'):<38} "
+            f"{tries:<5} {'yes' if entry.replayed_at else 'no':<8} {error[:60]}"
+        )
+    print(f"{len(entries)} dead letters")
+    return 0
 
 
 def _receiver(args: argparse.Namespace) -> int:

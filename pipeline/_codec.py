@@ -31,7 +31,16 @@ __all__ = ["Codec", "schema_dir", "MAGIC"]
 MAGIC = b"\xc3\x01"
 _HEADER = 10
 #: Parse order matters: a schema may name a type defined in an earlier one.
-_SCHEMA_FILES = ("call", "delivery", "dead_letter", "replay", "source", "destination")
+_SCHEMA_FILES = (
+    "call",
+    "delivery",
+    "dead_letter",
+    "replay",
+    "source",
+    "destination",
+    "trait_state",
+    "deletion_request",
+)
 
 
 def schema_dir() -> Path:

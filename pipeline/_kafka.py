@@ -93,6 +93,11 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         NewTopic(topics.dlq_replays, 1, rf, config={"cleanup.policy": "compact"}),
     ]
     specs += [NewTopic(name, settings.retry_partitions, rf) for name in topics.retry]
+    compact = {"cleanup.policy": "compact"}
+    specs += [
+        NewTopic(topics.deletion_requests, settings.partitions, rf, config=compact),
+        NewTopic(topics.audience_state, settings.partitions, rf, config=compact),
+    ]
     return specs
 
 

@@ -43,6 +43,17 @@ class Topics:
         """Which dead letters were replayed (compacted, keyed by dead-letter id)."""
         return f"{self.dlq}.replays"
 
+    @property
+    def deletion_requests(self) -> str:
+        """Deletion requests and the sources they notified (compacted, keyed by user id)."""
+        return f"{self.prefix}deletion-requests"
+
+    @property
+    def audience_state(self) -> str:
+        """Last value sent per audience or computed trait and user (compacted,
+        keyed ``<source>/<property>/<user>``)."""
+        return f"{self.prefix}audience-state"
+
     def retry_tier_of(self, topic: str) -> int | None:
         """The tier number of a retry topic, or ``None`` for any other topic."""
         try:
