@@ -16,6 +16,7 @@ dev: $(STAMP)
 	$(BIN)/pipeline dev
 
 test: $(STAMP)
+	bash tests/setup_system.sh
 	$(BIN)/python -m pytest
 
 unit: $(STAMP)

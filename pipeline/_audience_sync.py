@@ -49,12 +49,13 @@ from ._audience import (
     read_values,
 )
 from ._calls import Call, CallType
-from ._codec import Codec
+from ._codec import RecordCodec
 from ._config import ConfigTable
 from ._config_store import load_table
 from ._exceptions import BrokerUnavailable, InvalidCall
 from ._kafka import topics_for
 from ._records import call_to_record
+from ._registry_codec import make_codec
 from ._settings import Settings
 from ._state_topic import AckedProducer, read_partition
 from ._timestamps import now_ms
@@ -121,8 +122,8 @@ class _StateRecords:
     #: Larger records (long string values) are decoded every time.
     SMALL = 64
 
-    def __init__(self) -> None:
-        self._codec = Codec.default()
+    def __init__(self, codec: RecordCodec) -> None:
+        self._codec = codec
         self._encoded: dict[tuple[str | None, str | None, int | None, int], bytes] = {}
         self._decoded: dict[bytes, tuple[str | None, str | None, int | None]] = {}
 
@@ -150,7 +151,7 @@ class _StateRecords:
 
 def load_state(settings: Settings, spec: TraitSpec) -> tuple[dict[str, StateEntry], int]:
     """This audience's state (user id → entry) and the partition that holds it."""
-    records = _StateRecords()
+    records = _StateRecords(make_codec(settings))
     cut = len(spec.key_prefix)
     state: dict[str, StateEntry] = {}
 
@@ -218,8 +219,8 @@ def _apply(
     summary: SyncSummary,
     progress: bool | None,
 ) -> None:
-    codec = Codec.default()
-    records = _StateRecords()
+    codec = make_codec(settings)
+    records = _StateRecords(make_codec(settings))
     topics = topics_for(settings)
     now = now_ms()
 

@@ -4,7 +4,7 @@ Every command takes ``--bootstrap-servers`` (env ``PIPELINE_BOOTSTRAP_SERVERS``)
 ``--topic-prefix`` (env ``PIPELINE_TOPIC_PREFIX``); timing knobs are environment settings
 (``PIPELINE_RETRY_DELAYS``, ``PIPELINE_RETRY_DEADLINE``, ``PIPELINE_DELIVERY_TIMEOUT``).
 Exit codes: 0 success, 1 some input rejected or a check failed, 2 usage or config error,
-3 Kafka unavailable.
+3 Kafka or the Schema Registry unavailable.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ._exceptions import BrokerUnavailable, ConfigError, InvalidCall, PipelineError
+from ._registry_codec import SchemaRegistryUnavailable
 from ._settings import Settings
 
 __all__ = ["main"]
@@ -208,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidCall as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except SchemaRegistryUnavailable as exc:
+        print(f"error: Schema Registry unavailable: {exc}", file=sys.stderr)
+        return 3
     except BrokerUnavailable as exc:
         print(f"error: Kafka unavailable: {exc}", file=sys.stderr)
         return 3

@@ -19,14 +19,14 @@ import io
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
 import fastavro.schema
 
 from ._exceptions import UndecodableRecord
 
-__all__ = ["Codec", "schema_dir", "MAGIC"]
+__all__ = ["Codec", "RecordCodec", "schema_dir", "MAGIC"]
 
 MAGIC = b"\xc3\x01"
 _HEADER = 10
@@ -59,6 +59,14 @@ def _fingerprint(parsed: Any) -> bytes:
 
 def _short_name(parsed: dict[str, Any]) -> str:
     return str(parsed["name"]).rsplit(".", 1)[-1]
+
+
+class RecordCodec(Protocol):
+    """What every codec offers: ``Codec`` here, ``RegistryCodec`` with a Schema Registry."""
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes: ...
+
+    def decode(self, name: str, data: bytes | None) -> dict[str, Any]: ...
 
 
 class Codec:

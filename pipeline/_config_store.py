@@ -19,10 +19,11 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ._codec import Codec
+from ._codec import RecordCodec
 from ._config import ConfigTable, Destination, PipelineConfig, Source, Webhook
 from ._exceptions import BrokerUnavailable, UndecodableRecord
 from ._kafka import consumer_config, make_producer, topics_for
+from ._registry_codec import make_codec
 from ._settings import Settings
 
 __all__ = ["ConfigFollower", "ApplyPlan", "apply_config", "load_table"]
@@ -82,9 +83,9 @@ class ConfigFollower:
     follower.table.enabled_destinations("web")
     """
 
-    def __init__(self, settings: Settings, *, codec: Codec | None = None) -> None:
+    def __init__(self, settings: Settings, *, codec: RecordCodec | None = None) -> None:
         self._settings = settings
-        self._codec = codec or Codec.default()
+        self._codec = codec or make_codec(settings)
         self._topic = topics_for(settings).config
         self._sources: dict[str, Source] = {}
         self._destinations: dict[str, Destination] = {}
@@ -221,7 +222,7 @@ class ApplyPlan:
 
 
 def _plan(
-    current: ConfigTable, config: PipelineConfig, *, prune: bool, codec: Codec
+    current: ConfigTable, config: PipelineConfig, *, prune: bool, codec: RecordCodec
 ) -> tuple[ApplyPlan, list[tuple[str, bytes | None]]]:
     plan = ApplyPlan()
     writes: list[tuple[str, bytes | None]] = []
@@ -262,7 +263,7 @@ def apply_config(
 
     Every write is acknowledged by Kafka before this returns.
     """
-    codec = Codec.default()
+    codec = make_codec(settings)
     current = load_table(settings, timeout)
     plan, writes = _plan(current, config, prune=prune, codec=codec)
     if dry_run or not writes:

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._calls import MAX_ID_CHARS, Call, CallType
-from ._codec import Codec
 from ._config import ConfigTable
 from ._config_store import load_table
 from ._exceptions import BrokerUnavailable, InvalidCall
 from ._kafka import topics_for
 from ._records import call_to_record
+from ._registry_codec import make_codec
 from ._settings import Settings
 from ._state_topic import AckedProducer, read_partition
 from ._timestamps import format_timestamp, now_ms
@@ -106,7 +106,7 @@ def _check_user(user_id: str) -> None:
 
 
 def _read(settings: Settings, user_id: str) -> tuple[dict[str, Any] | None, int]:
-    codec = Codec.default()
+    codec = make_codec(settings)
     key = user_id.encode()
     found: list[dict[str, Any] | None] = [None]
 
@@ -162,7 +162,7 @@ def request_deletion(
     record = record or {"userId": user_id, "requests": []}
     record["requests"] = [*record["requests"], event][-MAX_HISTORY:]
 
-    codec = Codec.default()
+    codec = make_codec(settings)
     topics = topics_for(settings)
     key = user_id.encode()
 

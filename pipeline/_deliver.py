@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _metrics as metrics
-from ._codec import Codec
+from ._codec import Codec, RecordCodec
 from ._config_store import ConfigFollower
 from ._consumer_loop import ConsumerLoop, Taken
 from ._dead_letters import dead_letter
 from ._exceptions import UndecodableRecord
 from ._outcomes import DeadLetterReason, Outcome, UrlResult, decide
 from ._producer import AsyncProducer, Outgoing
+from ._registry_codec import SchemaRegistryUnavailable
 from ._retry_schedule import RetrySchedule
 from ._sender import WebhookSender
 from ._settings import Settings
@@ -51,7 +52,7 @@ class DeliveryHandler:
         producer: AsyncProducer,
         sender: WebhookSender,
         stop: asyncio.Event,
-        codec: Codec | None = None,
+        codec: RecordCodec | None = None,
         schedule: RetrySchedule | None = None,
     ) -> None:
         self.role = role
@@ -61,7 +62,9 @@ class DeliveryHandler:
         self._producer = producer
         self._sender = sender
         self._stop = stop
-        self._codec = codec or Codec.default()
+        self._codec: RecordCodec = codec or Codec.default()
+        #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
+        self.fatal: BaseException | None = None
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
@@ -79,6 +82,9 @@ class DeliveryHandler:
                 continue  # the loop sought back; these come again after the pause
             try:
                 record = self._codec.decode("Delivery", message.value())
+            except SchemaRegistryUnavailable as exc:
+                self._give_up(exc)
+                return
             except UndecodableRecord as exc:
                 letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
                 self._spawn(self._hand_off(taken, loop, [self._dlq(letter)]))
@@ -89,6 +95,13 @@ class DeliveryHandler:
                 deferred.add(key)
                 continue
             self._spawn(self._process(taken, record, loop))
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Not a record's fault (the Schema Registry is down): stop the worker, finish nothing."""
+        if self.fatal is None:
+            log.error("%s: stopping: %s", self.role, exc)
+        self.fatal = exc
+        self._stop.set()
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -111,6 +124,9 @@ class DeliveryHandler:
     async def _process(self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop) -> None:
         try:
             out = await self._attempt(taken, record)
+        except SchemaRegistryUnavailable as exc:
+            self._give_up(exc)  # the record stays unfinished: a restart delivers it
+            return
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
             log.exception("%s: unexpected error on %s", self.role, record.get("messageId"))
             out = [

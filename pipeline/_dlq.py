@@ -16,10 +16,11 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from ._codec import Codec
+from ._codec import RecordCodec
 from ._durations import parse_duration
 from ._exceptions import BrokerUnavailable
 from ._kafka import producer_config, topics_for
+from ._registry_codec import make_codec
 from ._settings import Settings
 from ._timestamps import now_ms, parse_timestamp
 from ._topic_reader import read_topic
@@ -70,7 +71,7 @@ class DeadLetterEntry:
         return self.letter["delivery"] is not None
 
 
-def _replayed(settings: Settings, codec: Codec) -> dict[str, int]:
+def _replayed(settings: Settings, codec: RecordCodec) -> dict[str, int]:
     replayed: dict[str, int] = {}
     for message in read_topic(settings, topics_for(settings).dlq_replays):
         if message.value() is not None:
@@ -80,7 +81,7 @@ def _replayed(settings: Settings, codec: Codec) -> dict[str, int]:
 
 
 def list_dead_letters(settings: Settings, selection: DlqFilter) -> list[DeadLetterEntry]:
-    codec = Codec.default()
+    codec = make_codec(settings)
     replayed = _replayed(settings, codec)
     entries = []
     for message in read_topic(settings, topics_for(settings).dlq):
@@ -112,7 +113,7 @@ def replay_dead_letters(
     if dry_run or not summary.replayed:
         return summary
 
-    codec = Codec.default()
+    codec = make_codec(settings)
     topics = topics_for(settings)
     producer = Producer(
         producer_config(settings, **{"transactional.id": f"pipeline-dlq-replay-{uuid.uuid4()}"})

@@ -6,6 +6,7 @@ several worker processes up, so scaling out needs nothing special here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -17,6 +18,7 @@ __all__ = [
     "CALLS_REJECTED",
     "CALLS_ROUTED",
     "CALLS_DROPPED",
+    "DELIVERIES_ROUTED",
     "DELIVERIES",
     "DELIVERY_ATTEMPT_SECONDS",
     "END_TO_END_SECONDS",
@@ -87,6 +89,13 @@ def record_kafka_stats(stats_json: str) -> None:
         return
     for topic, info in stats.get("topics", {}).items():
         for partition, pstats in info.get("partitions", {}).items():
+            if partition == "-1":
+                continue
             lag = pstats.get("consumer_lag", -1)
-            if partition != "-1" and lag is not None and lag >= 0:
+            if lag is not None and lag >= 0:
                 CONSUMER_LAG.labels(topic, partition).set(lag)
+            else:
+                # Not (or no longer) ours, e.g. revoked in a rebalance: drop the series, or this
+                # process would report its last value for ever next to the new owner's.
+                with contextlib.suppress(KeyError):
+                    CONSUMER_LAG.remove(topic, partition)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from . import _metrics as metrics
 from ._calls import CallType
-from ._codec import Codec
+from ._codec import Codec, RecordCodec
 from ._config_store import ConfigFollower
 from ._consumer_loop import ConsumerLoop, Taken
 from ._dead_letters import dead_letter
@@ -19,6 +19,7 @@ from ._exceptions import UndecodableRecord
 from ._outcomes import DeadLetterReason
 from ._producer import AsyncProducer, Outgoing
 from ._records import call_from_record, new_delivery
+from ._registry_codec import SchemaRegistryUnavailable
 from ._render import render_body
 from ._routing import DropReason, route
 from ._topics import Topics
@@ -36,13 +37,15 @@ class RouterHandler:
         follower: ConfigFollower,
         producer: AsyncProducer,
         stop: asyncio.Event,
-        codec: Codec | None = None,
+        codec: RecordCodec | None = None,
     ) -> None:
         self._topics = topics
         self._follower = follower
         self._producer = producer
         self._stop = stop
-        self._codec = codec or Codec.default()
+        self._codec: RecordCodec = codec or Codec.default()
+        #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
+        self.fatal: BaseException | None = None
         self._routed = {t: metrics.CALLS_ROUTED.labels(t.value) for t in CallType}
         self._dropped = {r: metrics.CALLS_DROPPED.labels(r.value) for r in DropReason}
 
@@ -58,6 +61,11 @@ class RouterHandler:
             message = taken.message
             try:
                 call = call_from_record(codec.decode("Call", message.value()))
+            except SchemaRegistryUnavailable as exc:
+                # Not the record's fault: stop without finishing it; a restart picks it up again.
+                self.fatal = exc
+                self._stop.set()
+                return
             except (UndecodableRecord, KeyError, ValueError) as exc:
                 letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
                 metrics.DEAD_LETTERS.labels(DeadLetterReason.UNDECODABLE.value).inc()

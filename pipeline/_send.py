@@ -18,12 +18,12 @@ from confluent_kafka import KafkaError
 from tqdm import tqdm
 
 from ._calls import parse_call
-from ._codec import Codec
 from ._config import ConfigTable
 from ._config_store import load_table
 from ._exceptions import BrokerUnavailable, InvalidCall
 from ._kafka import make_producer, topics_for
 from ._records import call_to_record
+from ._registry_codec import make_codec
 from ._settings import Settings
 from ._timestamps import now_ms
 
@@ -73,7 +73,7 @@ def send_lines(
     table = table if table is not None else load_table(settings)
     if source_id is not None and source_id not in table.sources:
         raise InvalidCall("--source", f"no source has the id {source_id!r}")
-    codec = Codec.default()
+    codec = make_codec(settings)
     topic = topics_for(settings).calls
     producer = make_producer(settings)
     acks = _Acks()

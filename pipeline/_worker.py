@@ -15,6 +15,7 @@ from ._consumer_loop import ConsumerLoop
 from ._deliver import DeliveryHandler
 from ._kafka import topics_for
 from ._producer import AsyncProducer
+from ._registry_codec import make_codec
 from ._router import RouterHandler
 from ._sender import WebhookSender
 from ._settings import Settings
@@ -40,7 +41,8 @@ async def run_roles(
     """Run ``roles`` until ``stop`` is set; then drain in-flight work, commit, and return."""
     roles = [r for r in ROLES if r in set(roles)]
     topics = topics_for(settings)
-    follower = ConfigFollower(settings).start()
+    codec = make_codec(settings)
+    follower = ConfigFollower(settings, codec=codec).start()
     producer: AsyncProducer | None = None
     sender: WebhookSender | None = None
     try:
@@ -48,7 +50,9 @@ async def run_roles(
         producer = AsyncProducer(settings)
         loops: list[ConsumerLoop] = []
         if "router" in roles:
-            handler = RouterHandler(topics=topics, follower=follower, producer=producer, stop=stop)
+            handler = RouterHandler(
+                topics=topics, follower=follower, producer=producer, stop=stop, codec=codec
+            )
             loops.append(ConsumerLoop(settings, group_id(settings, "router"), handler))
         if "deliver" in roles or "retry" in roles:
             sender = await WebhookSender(settings).start()
@@ -64,12 +68,16 @@ async def run_roles(
                     producer=producer,
                     sender=sender,
                     stop=stop,
+                    codec=codec,
                 )
                 loops.append(ConsumerLoop(settings, group_id(settings, role), delivery))
         log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
         if ready is not None:
             ready.set()
         await asyncio.gather(*(loop.run(stop) for loop in loops))
+        for fatal in (getattr(loop.handler, "fatal", None) for loop in loops):
+            if fatal is not None:
+                raise fatal
     finally:
         if sender is not None:
             await sender.aclose()
