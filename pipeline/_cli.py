@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--receiver-port", type=int, default=8090)
     dev.add_argument("--broker-port", type=int, default=9092)
+    dev.add_argument("--ingest-port", type=int, default=8080)
 
     broker = sub.add_parser("broker", parents=[common], help="run the embedded development broker")
     _server(broker, 9092)
@@ -227,7 +228,12 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if command == "dev":
         from ._dev import run_dev
 
-        run_dev(settings, receiver_port=args.receiver_port, broker_port=args.broker_port)
+        run_dev(
+            settings,
+            receiver_port=args.receiver_port,
+            broker_port=args.broker_port,
+            ingest_port=args.ingest_port,
+        )
         return 0
     if command == "broker":
         return _broker(args)
@@ -357,7 +363,7 @@ def _blocked_url_warnings(config: Any, settings: Settings) -> list[str]:
         found = {str(policy.refusal(str(info[4][0]))) for info in infos}
         return sorted(found) if all(policy.refusal(str(i[4][0])) for i in infos) else []
 
-    where = {}
+    where: dict[str, list[str]] = {}
     for index, dest in enumerate(config.destinations):
         for number, hook in enumerate(dest.webhooks):
             host = urlsplit(hook.url).hostname or ""
@@ -392,7 +398,7 @@ def _config_show(args: argparse.Namespace, settings: Settings) -> int:
     from ._config_store import load_table
 
     table = load_table(settings)
-    data = {
+    data: dict[str, list[dict[str, Any]]] = {
         "sources": [
             {
                 "id": s.id,

@@ -1,8 +1,9 @@
 """``pipeline dev``: the whole pipeline on one machine, in one command.
 
 Starts the embedded broker, creates the topics, applies a demo config, runs the worker (router,
-deliver, retry) and a demo receiver, sends one call of every type, and prints them as they arrive,
-signature checked. Ctrl-C stops everything.
+deliver, retry), the HTTP ingestion API and a demo receiver, sends one call of every type through
+Kafka and one through the ingestion API, and prints them as they arrive, signature checked.
+Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import sys
 import time
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
 from ._broker import EmbeddedBroker
 from ._config import validate_config
 from ._config_store import apply_config, load_table
+from ._ingest import start_ingest
 from ._kafka import create_topics, wait_for_broker
 from ._net import free_port_or
 from ._receiver import ReceivedCall, describe, make_receiver_app
@@ -105,7 +108,18 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _dev(settings: Settings, receiver_port: int, broker_port: int) -> None:
+async def _post_through_ingest(url: str) -> None:
+    """One call the way a Segment library sends it: HTTP Basic with the write key."""
+    call = {"userId": "user-2", "event": "Signed Up", "properties": {"via": "HTTP ingestion API"}}
+    async with aiohttp.ClientSession(auth=aiohttp.BasicAuth(DEMO_WRITE_KEY, "")) as session:
+        async with session.post(f"{url}/v1/track", json=call) as response:
+            if response.status != 200:
+                raise RuntimeError(
+                    f"the ingestion API answered {response.status}: {await response.text()}"
+                )
+
+
+async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +130,7 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int) -> None
     await asyncio.to_thread(broker.start)
     settings = settings.replace(bootstrap_servers=broker.bootstrap_servers)
     runner: web.AppRunner | None = None
+    ingest: web.AppRunner | None = None
     worker: asyncio.Task[None] | None = None
     try:
         await asyncio.to_thread(wait_for_broker, settings)
@@ -149,19 +164,31 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int) -> None
             "▸ worker running: router, deliver, retry (joining consumer groups takes a few seconds)"
         )
 
+        ingest, ingest_url = await start_ingest(settings, "127.0.0.1", ingest_port)
+        _say(
+            f"▸ ingestion API on {ingest_url} (Segment-compatible: point any Segment library at it)"
+        )
+
         table = await asyncio.to_thread(load_table, settings)
         lines = [orjson.dumps(call) for call in DEMO_CALLS]
         started = time.monotonic()
         summary = await asyncio.to_thread(
             send_lines, settings, lines, write_key=DEMO_WRITE_KEY, table=table, progress=False
         )
-        _say(f"▸ sent {summary.sent} sample calls, one of every type; waiting for them to arrive:")
-        while arrived < summary.sent and not stop.is_set() and not worker.done():
+        await _post_through_ingest(ingest_url)
+        expected = summary.sent + 1
+        _say(
+            f"▸ sent {summary.sent} sample calls, one of every type, through Kafka and 1 through "
+            "the ingestion API; waiting for them to arrive:"
+        )
+        while arrived < expected and not stop.is_set() and not worker.done():
             await asyncio.sleep(0.1)
-        if arrived >= summary.sent:
+        if arrived >= expected:
             _say(f"▸ all {arrived} arrived in {time.monotonic() - started:.1f} s.")
         _say(
             "\nThe pipeline keeps running. Try:\n"
+            f"  curl -u {DEMO_WRITE_KEY}: -H 'Content-Type: application/json' "
+            f"""-d '{{"userId":"u9","event":"Hello"}}' {ingest_url}/v1/track\n"""
             f"  pipeline send calls.jsonl --write-key {DEMO_WRITE_KEY} "
             f"--bootstrap-servers {settings.bootstrap_servers}\n"
             "Ctrl-C stops everything."
@@ -173,6 +200,8 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int) -> None
         if worker is not None:
             with contextlib.suppress(Exception):
                 await worker
+        if ingest is not None:
+            await ingest.cleanup()
         if runner is not None:
             await runner.cleanup()
         # Clients still closing would only report the broker going away.
@@ -191,10 +220,23 @@ async def _first(awaitable: Any, worker: asyncio.Task[None]) -> None:
     waiter.cancel()
 
 
-def run_dev(settings: Settings, *, receiver_port: int = 8090, broker_port: int = 9092) -> None:
+def run_dev(
+    settings: Settings,
+    *,
+    receiver_port: int = 8090,
+    broker_port: int = 9092,
+    ingest_port: int = 8080,
+) -> None:
     settings = settings.replace(
         session_timeout=settings.session_timeout or 6.0,
         # The demo receiver is on loopback, which the SSRF guard blocks by default.
         allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
     )
-    asyncio.run(_dev(settings, free_port_or(receiver_port), free_port_or(broker_port)))
+    asyncio.run(
+        _dev(
+            settings,
+            free_port_or(receiver_port),
+            free_port_or(broker_port),
+            free_port_or(ingest_port),
+        )
+    )

@@ -195,7 +195,9 @@ def receiver_factory() -> Iterator[Callable[..., Receiver]]:
             if answer == "hang":
                 await asyncio.sleep(3600)
             status, headers = answer if isinstance(answer, tuple) else (answer, {})
-            return web.Response(status=status, text="ok" if status < 300 else "nope", headers=headers)
+            return web.Response(
+                status=status, text="ok" if status < 300 else "nope", headers=headers
+            )
 
         async def start() -> str:
             app = web.Application()
@@ -263,7 +265,9 @@ class InProcessWorker:
 def worker_factory() -> Iterator[Callable[..., InProcessWorker]]:
     workers: list[InProcessWorker] = []
 
-    def make(settings: Settings, roles: tuple[str, ...] = ("router", "deliver", "retry")) -> InProcessWorker:
+    def make(
+        settings: Settings, roles: tuple[str, ...] = ("router", "deliver", "retry")
+    ) -> InProcessWorker:
         worker = InProcessWorker(settings, roles)
         workers.append(worker)
         return worker
@@ -309,7 +313,9 @@ def send_calls(settings: Settings, calls: list[dict[str, Any]], write_key: str) 
     assert summary.sent == len(calls)
 
 
-def read_topic(settings: Settings, topic: str, schema: str, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+def read_topic(
+    settings: Settings, topic: str, schema: str, count: int, timeout: float = 30.0
+) -> list[dict[str, Any]]:
     """Read ``count`` Avro records of ``topic`` from the beginning (fails after ``timeout``)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 

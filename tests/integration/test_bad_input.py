@@ -24,7 +24,9 @@ def test_send_reports_bad_lines_by_number_and_sends_the_good_ones(
         orjson.dumps({"type": "identify", "userId": 7, "traits": {"n": 1}}),  # int id is accepted
         orjson.dumps({"type": "track", "userId": "u1", "event": "Bad key", "writeKey": "nope"}),
         orjson.dumps({"type": "fly", "userId": "u1"}),
-        orjson.dumps({"type": "track", "userId": "u1", "event": "Good 2", "timestamp": "yesterday"}),
+        orjson.dumps(
+            {"type": "track", "userId": "u1", "event": "Good 2", "timestamp": "yesterday"}
+        ),
         orjson.dumps({"type": "track", "userId": "u1", "event": "Good 3", "properties": [1]}),
         orjson.dumps({"type": "track", "userId": "u1", "event": "Good 4"}),
     ]
@@ -79,7 +81,9 @@ def test_bad_config_is_refused_with_the_field_named_and_nothing_written(settings
             "destinations[0] (hooks).webhooks[0].url: 'ftp://example.com/hook' must use http:// or https://",
         ),
         "header newline": (
-            _bad({"webhooks": [{"url": "https://example.com/h", "headers": {"X-A": "a\r\nX-B: b"}}]}),
+            _bad(
+                {"webhooks": [{"url": "https://example.com/h", "headers": {"X-A": "a\r\nX-B: b"}}]}
+            ),
             "destinations[0] (hooks).webhooks[0].headers: header 'X-A' has a line break or NUL",
         ),
         "unknown source": (

@@ -22,8 +22,12 @@ def test_topics_create_is_idempotent(settings):
     expected = {
         f"{prefix}again.{name}"
         for name in (
-            "calls", "config", "deliveries.webhooks", "deliveries.webhooks.retry.0",
-            "deliveries.webhooks.retry.1", "deliveries.webhooks.dlq",
+            "calls",
+            "config",
+            "deliveries.webhooks",
+            "deliveries.webhooks.retry.0",
+            "deliveries.webhooks.retry.1",
+            "deliveries.webhooks.dlq",
         )
     }
     assert expected <= set(lines)
@@ -41,7 +45,9 @@ def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "broker", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         wait_for(lambda: port_open("127.0.0.1", port), timeout=20)
@@ -63,22 +69,42 @@ def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
 def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "dev", "--broker-port", str(free_port()),
-         "--receiver-port", str(free_port())],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "dev",
+            "--broker-port",
+            str(free_port()),
+            "--receiver-port",
+            str(free_port()),
+            "--ingest-port",
+            str(free_port()),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     lines: list[str] = []
     errors: list[str] = []
     readers = [
-        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True),
-        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, "")), daemon=True),
+        threading.Thread(
+            target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True
+        ),
+        threading.Thread(
+            target=lambda: errors.extend(iter(process.stderr.readline, "")), daemon=True
+        ),
     ]
     for reader in readers:
         reader.start()
     try:
         started = time.monotonic()
-        wait_for(lambda: any("all 8 arrived" in e for e in errors), timeout=60)
-        print(f"\npipeline dev: every sample call arrived {time.monotonic() - started:.1f} s after start")
+        wait_for(lambda: any("all 9 arrived" in e for e in errors), timeout=60)
+        print(
+            f"\npipeline dev: every sample call arrived {time.monotonic() - started:.1f} s after start"
+        )
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
     finally:
@@ -93,4 +119,5 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
     kinds = {line.split()[2] for line in received}
     assert kinds == {"identify", "track", "page", "screen", "group", "alias", "delete"}
     assert all("[signature ok]" in line for line in received)
+    assert any("user-2 Signed Up" in line for line in received), "the call sent over HTTP"
     assert any("▸ stopped." in e for e in errors)

@@ -15,18 +15,60 @@ SECRET = "s3cret-for-tests"
 TS = "2026-11-21T07:04:30.123Z"
 
 CALLS = [
-    {"type": "identify", "userId": "u1", "messageId": "m-identify", "timestamp": TS,
-     "traits": {"name": "Ada", "logins": 12}},
-    {"type": "track", "userId": "u1", "messageId": "m-track", "timestamp": TS,
-     "event": "Order Completed", "properties": {"revenue": "42.50", "city": "Zürich"}},
-    {"type": "page", "userId": "u1", "messageId": "m-page", "timestamp": TS,
-     "properties": {"path": "/p", "referrer": "https://r.example/", "title": "P", "url": "https://x.example/p"}},
-    {"type": "screen", "userId": "u1", "messageId": "m-screen", "timestamp": TS, "name": "Home",
-     "context": {"device": {"model": "Pixel", "type": "android"}, "os": {"name": "Android", "version": "16"},
-                 "app": {"build": "4", "name": "Shop", "version": "4.1"}}},
-    {"type": "group", "userId": "u1", "messageId": "m-group", "timestamp": TS, "groupId": "acme",
-     "traits": {"name": "Acme", "employee count": 250}},
-    {"type": "alias", "userId": "u1", "messageId": "m-alias", "timestamp": TS, "previousId": "anon-1"},
+    {
+        "type": "identify",
+        "userId": "u1",
+        "messageId": "m-identify",
+        "timestamp": TS,
+        "traits": {"name": "Ada", "logins": 12},
+    },
+    {
+        "type": "track",
+        "userId": "u1",
+        "messageId": "m-track",
+        "timestamp": TS,
+        "event": "Order Completed",
+        "properties": {"revenue": "42.50", "city": "Zürich"},
+    },
+    {
+        "type": "page",
+        "userId": "u1",
+        "messageId": "m-page",
+        "timestamp": TS,
+        "properties": {
+            "path": "/p",
+            "referrer": "https://r.example/",
+            "title": "P",
+            "url": "https://x.example/p",
+        },
+    },
+    {
+        "type": "screen",
+        "userId": "u1",
+        "messageId": "m-screen",
+        "timestamp": TS,
+        "name": "Home",
+        "context": {
+            "device": {"model": "Pixel", "type": "android"},
+            "os": {"name": "Android", "version": "16"},
+            "app": {"build": "4", "name": "Shop", "version": "4.1"},
+        },
+    },
+    {
+        "type": "group",
+        "userId": "u1",
+        "messageId": "m-group",
+        "timestamp": TS,
+        "groupId": "acme",
+        "traits": {"name": "Acme", "employee count": 250},
+    },
+    {
+        "type": "alias",
+        "userId": "u1",
+        "messageId": "m-alias",
+        "timestamp": TS,
+        "previousId": "anon-1",
+    },
     {"type": "delete", "userId": "u1", "messageId": "m-delete", "timestamp": TS},
 ]
 

@@ -31,6 +31,8 @@ def test_sigkill_mid_stream_then_restart_delivers_every_call(
     wait_for(lambda: len({b["messageId"] for b in receiver.bodies()}) == CALLS, timeout=90)
     seen = Counter(b["messageId"] for b in receiver.bodies())
     duplicates = sum(n - 1 for n in seen.values())
-    print(f"\nsent {CALLS}, delivered {len(seen)} unique, {duplicates} duplicates "
-          f"({at_kill} had arrived at the kill)")
+    print(
+        f"\nsent {CALLS}, delivered {len(seen)} unique, {duplicates} duplicates "
+        f"({at_kill} had arrived at the kill)"
+    )
     assert set(seen) == {f"m-{i}" for i in range(CALLS)}

@@ -17,7 +17,9 @@ def _times(receiver) -> list[float]:
     return [r.at for r in receiver.requests]
 
 
-def test_503_503_200_is_delivered_once_after_two_retries(settings, receiver_factory, worker_factory):
+def test_503_503_200_is_delivered_once_after_two_retries(
+    settings, receiver_factory, worker_factory
+):
     receiver = receiver_factory(200)
     receiver.responses = [503, 503]
     apply(settings, simple_config(receiver.url))
@@ -68,7 +70,9 @@ def test_a_receiver_that_never_answers_in_time_is_retried_then_dead_lettered(
     assert all(900 <= a["durationMs"] <= 2500 for a in attempts)
 
 
-def test_404_and_410_are_dead_lettered_after_one_attempt(settings, receiver_factory, worker_factory):
+def test_404_and_410_are_dead_lettered_after_one_attempt(
+    settings, receiver_factory, worker_factory
+):
     receiver = receiver_factory(404)
     receiver.responses = [410]
     apply(settings, simple_config(receiver.url))
@@ -108,10 +112,22 @@ def test_dlq_list_and_replay_deliver_once_the_receiver_is_fixed(
     assert listed.returncode == 0, listed.stderr
     assert "client_error" in listed.stdout and "m-replay" in listed.stdout
     assert "1 dead letters" in listed.stdout
-    as_json = [orjson.loads(line) for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()]
-    assert [(e["reason"], e["delivery"]["messageId"]) for e in as_json] == [("client_error", "m-replay")]
-    assert run_cli(settings, "dlq", "list", "--reason", "tls_error").stdout.strip().endswith("0 dead letters")
-    assert "0 dead letters" in run_cli(settings, "dlq", "list", "--since", "1s", "--until", "1s").stdout
+    as_json = [
+        orjson.loads(line)
+        for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()
+    ]
+    assert [(e["reason"], e["delivery"]["messageId"]) for e in as_json] == [
+        ("client_error", "m-replay")
+    ]
+    assert (
+        run_cli(settings, "dlq", "list", "--reason", "tls_error")
+        .stdout.strip()
+        .endswith("0 dead letters")
+    )
+    assert (
+        "0 dead letters"
+        in run_cli(settings, "dlq", "list", "--since", "1s", "--until", "1s").stdout
+    )
 
     dry = run_cli(settings, "dlq", "replay", "--dry-run")
     assert "would replay 1;" in dry.stdout
@@ -127,5 +143,7 @@ def test_dlq_list_and_replay_deliver_once_the_receiver_is_fixed(
     again = run_cli(settings, "dlq", "replay")
     assert "replayed 0; skipped 1 already replayed" in again.stdout
     assert stays(lambda: receiver.count() == 2, 1.0)
-    assert [orjson.loads(line)["replayedAt"] is not None
-            for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()] == [True]
+    assert [
+        orjson.loads(line)["replayedAt"] is not None
+        for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()
+    ] == [True]

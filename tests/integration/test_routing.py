@@ -9,8 +9,13 @@ def _two_destinations(webhooks_url: str, other_url: str, **webhooks: object) -> 
     return {
         "sources": [{"id": "web", "write_keys": ["wk"], "blocked_events": ["Debug Event"]}],
         "destinations": [
-            {"id": "hooks", "name": "Webhooks", "sources": ["web"],
-             "webhooks": [{"url": webhooks_url}], **webhooks},
+            {
+                "id": "hooks",
+                "name": "Webhooks",
+                "sources": ["web"],
+                "webhooks": [{"url": webhooks_url}],
+                **webhooks,
+            },
             # Receives every call: once it has the sentinel, the router has handled all before it.
             {"id": "other", "name": "Other", "sources": ["web"], "webhooks": [{"url": other_url}]},
         ],
@@ -41,10 +46,15 @@ def test_integrations_map_selects_destinations(settings, receiver_factory, worke
         "wk",
     )
     wait_for(lambda: hooks.count() >= 4)
-    wait_for(lambda: {b["event"] for b in other.bodies()} >= {"wrong-case", "default", "webhooks-off"})
+    wait_for(
+        lambda: {b["event"] for b in other.bodies()} >= {"wrong-case", "default", "webhooks-off"}
+    )
     assert stays(lambda: hooks.count() == 4)
     assert sorted(b["event"] for b in hooks.bodies()) == [
-        "all-off-webhooks-on", "default", "options-object", "wrong-case",
+        "all-off-webhooks-on",
+        "default",
+        "options-object",
+        "wrong-case",
     ]
     # "All": false also turns off Other, which is not named true.
     assert sorted(b["event"] for b in other.bodies()) == ["default", "webhooks-off", "wrong-case"]
@@ -58,8 +68,11 @@ def test_disabled_destination_and_blocked_event_receive_nothing(
     worker_factory(settings)
     send_calls(
         settings,
-        [_track("Debug Event"), {"type": "page", "userId": "u1", "name": "Debug Event"},
-         _track("sentinel")],
+        [
+            _track("Debug Event"),
+            {"type": "page", "userId": "u1", "name": "Debug Event"},
+            _track("sentinel"),
+        ],
         "wk",
     )
     wait_for(lambda: {b.get("event") for b in other.bodies()} >= {"sentinel"})

@@ -41,7 +41,9 @@ def test_loopback_is_blocked_by_default_and_delivered_when_allowed(
 
     [letter] = dead_letters(guarded, 1)
     assert letter["reason"] == "blocked_address"
-    assert "127.0.0.1 is in a blocked range (loopback)" in letter["delivery"]["attempts"][0]["error"]
+    assert (
+        "127.0.0.1 is in a blocked range (loopback)" in letter["delivery"]["attempts"][0]["error"]
+    )
     assert receiver.count() == 0
     worker.stop()
 
@@ -62,7 +64,9 @@ def test_a_host_name_resolving_to_a_blocked_address_is_refused(
 
     [letter] = dead_letters(guarded, 1)
     assert letter["reason"] == "blocked_address"
-    assert "localhost resolves only to blocked addresses" in letter["delivery"]["attempts"][0]["error"]
+    assert (
+        "localhost resolves only to blocked addresses" in letter["delivery"]["attempts"][0]["error"]
+    )
     assert receiver.count() == 0
 
 
@@ -82,7 +86,11 @@ def test_config_apply_warns_about_urls_in_blocked_ranges(settings, tmp_path):
 
 def test_circuit_breaker_opens_and_recovers(settings, receiver_factory, worker_factory):
     settings = replace(
-        settings, circuit_failures=3, circuit_cool_down=2.0, retry_delays=(1.0,), retry_deadline=30.0
+        settings,
+        circuit_failures=3,
+        circuit_cool_down=2.0,
+        retry_delays=(1.0,),
+        retry_deadline=30.0,
     )
     receiver = receiver_factory(200)
     receiver.responses = [500] * 20
@@ -97,7 +105,9 @@ def test_circuit_breaker_opens_and_recovers(settings, receiver_factory, worker_f
     assert stays(lambda: receiver.count() == 40, 1.0)
 
 
-def test_a_hanging_endpoint_does_not_hold_up_a_healthy_one(settings, receiver_factory, worker_factory):
+def test_a_hanging_endpoint_does_not_hold_up_a_healthy_one(
+    settings, receiver_factory, worker_factory
+):
     hanging, healthy = receiver_factory("hang"), receiver_factory(200)
     config = simple_config(hanging.url)
     config["destinations"].append(
@@ -110,8 +120,10 @@ def test_a_hanging_endpoint_does_not_hold_up_a_healthy_one(settings, receiver_fa
 
     wait_for(lambda: len(healthy.delivered()) == 300, timeout=30)
     elapsed = time.monotonic() - started
-    print(f"\nhealthy destination: 300 delivered in {elapsed:.1f} s beside a hanging one; "
-          f"the hanging one saw {hanging.count()} requests")
+    print(
+        f"\nhealthy destination: 300 delivered in {elapsed:.1f} s beside a hanging one; "
+        f"the hanging one saw {hanging.count()} requests"
+    )
     # The circuit opened after 5 timeouts: most records for the hanging endpoint were never sent.
     assert hanging.count() < 300
 
@@ -137,7 +149,9 @@ def test_standard_webhooks_headers_verify_independently(settings, receiver_facto
     assert headers["webhook-id"] == "sw-1"
     assert abs(int(headers["webhook-timestamp"]) - time.time()) < 30
     assert _independent_standard_webhooks_check(request, secret)
-    assert headers["x-signature"] == hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
+    assert (
+        headers["x-signature"] == hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
+    )
 
 
 def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
@@ -149,22 +163,35 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "receiver", "--port", str(port), "--secret", "s"],
-        cwd=ROOT, env=settings_env(settings), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=settings_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_for(lambda: _up(port))
         body = b'{"type":"track"}'
 
         def post(timestamp: int, secret: str = "s") -> int:
-            headers = {"X-Signature": sign(body, "s"), **standard_webhooks_headers("m1", timestamp, body, secret)}
-            return httpx.post(f"http://127.0.0.1:{port}/h", content=body, headers=headers).status_code
+            headers = {
+                "X-Signature": sign(body, "s"),
+                **standard_webhooks_headers("m1", timestamp, body, secret),
+            }
+            return httpx.post(
+                f"http://127.0.0.1:{port}/h", content=body, headers=headers
+            ).status_code
 
         assert post(int(time.time())) == 200
         assert post(int(time.time()) - 240) == 200, "inside the 5-minute tolerance"
         assert post(int(time.time()) - 310) == 401, "older than the 5-minute tolerance: a replay"
         assert post(int(time.time()) + 310) == 401
         assert post(int(time.time()), secret="other") == 401
-        assert httpx.post(f"http://127.0.0.1:{port}/h", content=body, headers={"X-Signature": "00"}).status_code == 401
+        assert (
+            httpx.post(
+                f"http://127.0.0.1:{port}/h", content=body, headers={"X-Signature": "00"}
+            ).status_code
+            == 401
+        )
     finally:
         process.kill()
         process.wait(10)
@@ -178,7 +205,9 @@ def _up(port: int) -> bool:
     return port_open("127.0.0.1", port)
 
 
-def test_secrets_never_appear_in_logs_listings_or_config_show(settings, receiver_factory, process_factory):
+def test_secrets_never_appear_in_logs_listings_or_config_show(
+    settings, receiver_factory, process_factory
+):
     secret, token = "sekrit-hmac-key-0042", "Bearer tok-9f8e7d6c"
     failing = receiver_factory(500)
     failing.responses = [503]

@@ -63,7 +63,10 @@ def test_computed_trait_changes_keep_json_types() -> None:
     state = {"a": StateEntry("12"), "b": StateEntry('"gold"'), "c": StateEntry("true")}
     desired = {"a": "12", "b": '"silver"', "c": "true", "d": "3.5"}
     changes, counts = diff(desired, state, absent="null")
-    assert by_user(changes) == {"b": ('"silver"', ChangeKind.CHANGED), "d": ("3.5", ChangeKind.ADDED)}
+    assert by_user(changes) == {
+        "b": ('"silver"', ChangeKind.CHANGED),
+        "d": ("3.5", ChangeKind.ADDED),
+    }
     assert (counts.added, counts.changed, counts.unchanged) == (1, 1, 2)
 
 

@@ -38,7 +38,13 @@ def test_limits_follow_the_seed() -> None:
     assert MAX_CALL_BYTES == 32 * 1024
     assert MAX_BATCH_BYTES >= 500_000
     assert [t.value for t in CallType] == [
-        "identify", "track", "page", "screen", "group", "alias", "delete",
+        "identify",
+        "track",
+        "page",
+        "screen",
+        "group",
+        "alias",
+        "delete",
     ]
 
 
@@ -190,10 +196,13 @@ def test_integrations_bool_and_object_values_are_kept() -> None:
 
 
 def test_integer_ids_become_strings() -> None:
-    call = parse(
-        {"type": "group", "userId": 42, "anonymousId": 7, "groupId": 0, "messageId": 99}
+    call = parse({"type": "group", "userId": 42, "anonymousId": 7, "groupId": 0, "messageId": 99})
+    assert (call.user_id, call.anonymous_id, call.group_id, call.message_id) == (
+        "42",
+        "7",
+        "0",
+        "99",
     )
-    assert (call.user_id, call.anonymous_id, call.group_id, call.message_id) == ("42", "7", "0", "99")
     alias = parse({"type": "alias", "userId": 2, "previousId": 1})
     assert (alias.user_id, alias.previous_id) == ("2", "1")
     assert parse({"type": "identify", "userId": -5}).user_id == "-5"

@@ -35,7 +35,9 @@ def rabin(data: bytes) -> int:
 
 
 def header_for(schema: dict[str, Any]) -> bytes:
-    canonical = fastavro.schema.to_parsing_canonical_form(fastavro.parse_schema(copy.deepcopy(schema)))
+    canonical = fastavro.schema.to_parsing_canonical_form(
+        fastavro.parse_schema(copy.deepcopy(schema))
+    )
     return b"\xc3\x01" + rabin(canonical.encode()).to_bytes(8, "little")
 
 
@@ -112,10 +114,20 @@ DELIVERY = {
     "tier": 0,
     "replays": 1,
     "attempts": [
-        {"at": 1_795_273_480_100, "url": "https://a/h", "status": 503, "error": None,
-         "durationMs": 12},
-        {"at": 1_795_273_480_100, "url": "https://b/h", "status": None, "error": "timeout",
-         "durationMs": 5000},
+        {
+            "at": 1_795_273_480_100,
+            "url": "https://a/h",
+            "status": 503,
+            "error": None,
+            "durationMs": 12,
+        },
+        {
+            "at": 1_795_273_480_100,
+            "url": "https://b/h",
+            "status": None,
+            "error": "timeout",
+            "durationMs": 5000,
+        },
     ],
 }
 RECORDS: dict[str, dict[str, Any]] = {
@@ -160,7 +172,11 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
     old = fastavro.parse_schema(
         json.loads((schema_dir() / "history" / "destination.v1.avsc").read_text())
     )
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ("standardWebhooks", "rateLimit")}
+    record = {
+        k: v
+        for k, v in RECORDS["Destination"].items()
+        if k not in ("standardWebhooks", "rateLimit")
+    }
     out = io.BytesIO()
     out.write(MAGIC + _fingerprint(old))
     fastavro.schemaless_writer(out, old, record)
@@ -252,7 +268,13 @@ def test_an_older_call_schema_still_decodes_with_defaults() -> None:
 
     codec.add_writer_schema(old)
     decoded = codec.decode("Call", data)
-    assert decoded == {**old_record, "sentAt": None, "category": None, "integrations": None, "context": None}
+    assert decoded == {
+        **old_record,
+        "sentAt": None,
+        "category": None,
+        "integrations": None,
+        "context": None,
+    }
     call = call_from_record(decoded)
     assert call.user_id == "u-old" and call.traits == '{"plan":"pro"}'
     # current records still decode as before
@@ -274,7 +296,9 @@ def test_an_older_source_schema_still_decodes() -> None:
     old = schema_json("source")
     old["fields"] = [f for f in old["fields"] if f["name"] != "blockedEvents"]
     codec.add_writer_schema(old)
-    decoded = codec.decode("Source", write_with(old, {"id": "web", "name": "W", "writeKeys": ["k"]}))
+    decoded = codec.decode(
+        "Source", write_with(old, {"id": "web", "name": "W", "writeKeys": ["k"]})
+    )
     assert decoded == {"id": "web", "name": "W", "writeKeys": ["k"], "blockedEvents": []}
 
 

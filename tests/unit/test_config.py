@@ -74,11 +74,18 @@ def test_the_documented_example_is_valid() -> None:
     assert isinstance(result, PipelineConfig)
     web = result.sources[0]
     assert (web.id, web.name, web.write_keys, web.blocked_events) == (
-        "web", "Website", ["wk_live_1"], ["Debug Event"],
+        "web",
+        "Website",
+        ["wk_live_1"],
+        ["Debug Event"],
     )
     dest = result.destinations[0]
     assert (dest.id, dest.name, dest.enabled, dest.sources, dest.shared_secret) == (
-        "hooks-1", "Webhooks", True, ["web"], "s3cret",
+        "hooks-1",
+        "Webhooks",
+        True,
+        ["web"],
+        "s3cret",
     )
     assert dest.webhooks[0].url == "https://example.com/hook"
     assert dest.webhooks[0].headers == {"Authorization": "Bearer abc"}
@@ -231,7 +238,9 @@ def test_header_values_that_break_http(value: str) -> None:
     assert "line break or NUL" in problem
 
 
-@pytest.mark.parametrize("name", ["Bad Header", "", "X-Ünïcode", "X:Colon", "X-Token\r\n", "(x)", "a/b"])
+@pytest.mark.parametrize(
+    "name", ["Bad Header", "", "X-Ünïcode", "X:Colon", "X-Token\r\n", "(x)", "a/b"]
+)
 def test_bad_header_names(name: str) -> None:
     problem = only_problem(hook_headers({name: "v"}))
     assert problem.startswith("destinations[0] (hooks-1).webhooks[0].headers: ")
@@ -302,8 +311,10 @@ def test_destination_needs_a_source() -> None:
     [
         ({**VALID, "extra": 1}, "extra"),
         (config(secret="s"), "destinations[0] (hooks-1).secret"),
-        (config(webhooks=[{"url": "https://e.com", "method": "PUT"}]),
-         "destinations[0] (hooks-1).webhooks[0].method"),
+        (
+            config(webhooks=[{"url": "https://e.com", "method": "PUT"}]),
+            "destinations[0] (hooks-1).webhooks[0].method",
+        ),
         ({"sources": [{"id": "web", "writeKeys": ["k"]}]}, "sources[0] (web).writeKeys"),
     ],
 )
@@ -374,7 +385,9 @@ def test_every_problem_is_reported_at_once() -> None:
     assert len(found) == 3
     assert found[0].startswith("destinations[0] (hooks-1).webhooks[0].url: ")
     assert found[1].startswith("destinations[0] (hooks-1).webhooks[1].headers: ")
-    assert found[2] == "destinations[1] (hooks-2).webhooks: at most 5 webhooks per destination, got 6"
+    assert (
+        found[2] == "destinations[1] (hooks-2).webhooks: at most 5 webhooks per destination, got 6"
+    )
 
 
 def test_config_error_message_lists_problems() -> None:
@@ -386,7 +399,9 @@ def test_config_error_message_lists_problems() -> None:
 # ---- ConfigTable -----------------------------------------------------------------------------------
 
 
-def dest(ident: str, sources: list[str], *, enabled: bool = True, name: str = "Webhooks") -> Destination:
+def dest(
+    ident: str, sources: list[str], *, enabled: bool = True, name: str = "Webhooks"
+) -> Destination:
     return Destination(
         id=ident,
         name=name,

@@ -35,7 +35,8 @@ def test_parse_duration_units(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", " ", "s", "ten", "10x", "10sec", "-1s", "1e3", "10S", "1h30m", "inf", "nan", "1..5s"]
+    "text",
+    ["", " ", "s", "ten", "10x", "10sec", "-1s", "1e3", "10S", "1h30m", "inf", "nan", "1..5s"],
 )
 def test_parse_duration_rejects_malformed(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration"):

@@ -32,11 +32,15 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.one_of(nasty_text, st.integers()), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.one_of(nasty_text, st.integers()), children, max_size=4)
+    ),
     max_leaves=30,
 )
-ids = st.one_of(st.none(), nasty_text, st.integers(), st.booleans(), st.floats(), st.lists(st.text()))
+ids = st.one_of(
+    st.none(), nasty_text, st.integers(), st.booleans(), st.floats(), st.lists(st.text())
+)
 calls = st.fixed_dictionaries(
     {},
     optional={
@@ -111,7 +115,9 @@ def test_parse_call_never_raises_anything_but_invalid_call(data: object) -> None
         pass
 
 
-header_names = st.one_of(st.text(max_size=20), st.sampled_from(["X-Ok", "Host", "X-Signature", "Bad Name", ""]))
+header_names = st.one_of(
+    st.text(max_size=20), st.sampled_from(["X-Ok", "Host", "X-Signature", "Bad Name", ""])
+)
 header_values = st.one_of(
     st.text(max_size=30), st.sampled_from(["a\r\nX-Injected: 1", "a\nb", "\x00", "ok", "\t tab"])
 )
@@ -155,7 +161,12 @@ def test_check_url_raises_only_value_error(url: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://example.com", "https://example.com:8443/p?q=1", "http://127.0.0.1:8090/hook", "http://[::1]:80/"],
+    [
+        "http://example.com",
+        "https://example.com:8443/p?q=1",
+        "http://127.0.0.1:8090/hook",
+        "http://[::1]:80/",
+    ],
 )
 def test_reasonable_urls_pass(url: str) -> None:
     assert check_url(url) == url

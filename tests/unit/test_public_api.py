@@ -46,7 +46,13 @@ def test_version() -> None:
 
 
 def test_exception_hierarchy() -> None:
-    for name in ("InvalidCall", "UnknownWriteKey", "ConfigError", "BrokerUnavailable", "UndecodableRecord"):
+    for name in (
+        "InvalidCall",
+        "UnknownWriteKey",
+        "ConfigError",
+        "BrokerUnavailable",
+        "UndecodableRecord",
+    ):
         assert issubclass(getattr(pipeline, name), pipeline.PipelineError)
     assert issubclass(pipeline.CallTooLarge, pipeline.InvalidCall)
     assert issubclass(pipeline.PipelineError, Exception)

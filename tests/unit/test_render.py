@@ -91,12 +91,15 @@ def test_page_exact_bytes() -> None:
             },
         }
     )
-    assert body == (
-        '{"version":1,"type":"page","userId":"u1","messageId":"m-page",'
-        '"timestamp":"2026-11-21T07:04:30.123Z","properties":{"path":"/pricing",'
-        '"referrer":"https://www.google.com/","title":"Pricing – Acme",'
-        '"url":"https://example.com/pricing?plan=pro","plan":"pro"},"name":"Pricing"}'
-    ).encode()
+    assert (
+        body
+        == (
+            '{"version":1,"type":"page","userId":"u1","messageId":"m-page",'
+            '"timestamp":"2026-11-21T07:04:30.123Z","properties":{"path":"/pricing",'
+            '"referrer":"https://www.google.com/","title":"Pricing – Acme",'
+            '"url":"https://example.com/pricing?plan=pro","plan":"pro"},"name":"Pricing"}'
+        ).encode()
+    )
     props = orjson.loads(body)["properties"]
     assert all(isinstance(props[k], str) for k in ("path", "referrer", "title", "url"))
 
@@ -116,7 +119,13 @@ def test_screen_exact_bytes() -> None:
         "app": {"build": "42", "name": "Shop", "version": "3.1.0"},
     }
     body = body_of(
-        {"type": "screen", "userId": "u1", "messageId": "m-screen", "name": "Home", "context": context}
+        {
+            "type": "screen",
+            "userId": "u1",
+            "messageId": "m-screen",
+            "name": "Home",
+            "context": context,
+        }
     )
     assert body == (
         b'{"version":1,"type":"screen","userId":"u1","messageId":"m-screen",'
@@ -143,11 +152,14 @@ def test_identify_exact_bytes() -> None:
             "traits": {"name": "Zoë Ångström", "email": "zoe@example.com", "age": 30, "score": 4.5},
         }
     )
-    assert body == (
-        '{"version":1,"type":"identify","userId":"u1","messageId":"m-identify",'
-        '"timestamp":"2026-11-21T07:04:30.123Z","traits":{"name":"Zoë Ångström",'
-        '"email":"zoe@example.com","age":30,"score":4.5}}'
-    ).encode()
+    assert (
+        body
+        == (
+            '{"version":1,"type":"identify","userId":"u1","messageId":"m-identify",'
+            '"timestamp":"2026-11-21T07:04:30.123Z","traits":{"name":"Zoë Ångström",'
+            '"email":"zoe@example.com","age":30,"score":4.5}}'
+        ).encode()
+    )
 
 
 def test_identify_without_traits_has_an_empty_object() -> None:
@@ -174,7 +186,9 @@ def test_group_exact_bytes_with_a_trait_key_containing_a_space() -> None:
 
 
 def test_alias_exact_bytes() -> None:
-    body = body_of({"type": "alias", "userId": "new-id", "previousId": "old-id", "messageId": "m-a"})
+    body = body_of(
+        {"type": "alias", "userId": "new-id", "previousId": "old-id", "messageId": "m-a"}
+    )
     assert body == (
         b'{"version":1,"type":"alias","userId":"new-id","messageId":"m-a",'
         b'"timestamp":"2026-11-21T07:04:30.123Z","Previous ID":"old-id","User ID":"new-id"}'

@@ -54,9 +54,9 @@ def test_every_tier_without_jitter(tier: int, next_tier: int, delay: float) -> N
         next_tier, now + delay
     )
     # the injected uniform function gives the same answer
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=now, tier=tier, uniform=no_jitter
-    ) == Retry(next_tier, now + delay)
+    assert schedule.next_retry(first_attempt_at=T0, now=now, tier=tier, uniform=no_jitter) == Retry(
+        next_tier, now + delay
+    )
 
 
 def test_a_whole_life_of_failures_without_jitter() -> None:
@@ -124,9 +124,9 @@ def test_clamped_to_the_last_slot() -> None:
     now = T0 + HOURS_4 - 600.0  # ten minutes left; the tier asks for an hour
     assert schedule.next_retry(first_attempt_at=T0, now=now, tier=4) == Retry(4, last_slot)
     # even with positive jitter
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=now, tier=4, uniform=highest
-    ) == Retry(4, last_slot)
+    assert schedule.next_retry(first_attempt_at=T0, now=now, tier=4, uniform=highest) == Retry(
+        4, last_slot
+    )
     # a delay that ends exactly on the last slot is not changed
     now = last_slot - 3600.0
     assert schedule.next_retry(first_attempt_at=T0, now=now, tier=4) == Retry(4, last_slot)
@@ -171,19 +171,19 @@ def test_may_attempt_never_after_the_deadline() -> None:
 
 def test_retry_after_longer_than_the_delay_is_honoured() -> None:
     schedule = RetrySchedule(jitter=0.0)
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=T0, tier=-1, retry_after=120.0
-    ) == Retry(0, T0 + 120.0)
+    assert schedule.next_retry(first_attempt_at=T0, now=T0, tier=-1, retry_after=120.0) == Retry(
+        0, T0 + 120.0
+    )
 
 
 def test_retry_after_shorter_than_the_delay_is_ignored() -> None:
     schedule = RetrySchedule(jitter=0.0)
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=T0, tier=1, retry_after=5.0
-    ) == Retry(2, T0 + 300.0)
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=T0, tier=1, retry_after=0.0
-    ) == Retry(2, T0 + 300.0)
+    assert schedule.next_retry(first_attempt_at=T0, now=T0, tier=1, retry_after=5.0) == Retry(
+        2, T0 + 300.0
+    )
+    assert schedule.next_retry(first_attempt_at=T0, now=T0, tier=1, retry_after=0.0) == Retry(
+        2, T0 + 300.0
+    )
 
 
 def test_retry_after_compares_with_the_jittered_delay() -> None:
@@ -203,21 +203,21 @@ def test_retry_after_compares_with_the_jittered_delay() -> None:
 def test_retry_after_past_the_deadline_is_ignored() -> None:
     schedule = RetrySchedule(jitter=0.0)
     # a whole day: outside the 4-hour window, so the tier's own delay is used
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=T0, tier=-1, retry_after=86400.0
-    ) == Retry(0, T0 + 10.0)
+    assert schedule.next_retry(first_attempt_at=T0, now=T0, tier=-1, retry_after=86400.0) == Retry(
+        0, T0 + 10.0
+    )
     # landing exactly on the last slot is still inside
     assert schedule.next_retry(
         first_attempt_at=T0, now=T0, tier=-1, retry_after=HOURS_4 - 1.0
     ) == Retry(0, T0 + HOURS_4 - 1.0)
     # one past the last slot is not; near the end the tier's delay is then clamped
     now = T0 + HOURS_4 - 100.0
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=now, tier=-1, retry_after=100.0
-    ) == Retry(0, now + 10.0)
-    assert schedule.next_retry(
-        first_attempt_at=T0, now=now, tier=3, retry_after=100.0
-    ) == Retry(4, T0 + HOURS_4 - 1.0)
+    assert schedule.next_retry(first_attempt_at=T0, now=now, tier=-1, retry_after=100.0) == Retry(
+        0, now + 10.0
+    )
+    assert schedule.next_retry(first_attempt_at=T0, now=now, tier=3, retry_after=100.0) == Retry(
+        4, T0 + HOURS_4 - 1.0
+    )
 
 
 @given(

@@ -11,8 +11,9 @@ from pipeline._config import ConfigTable, Destination, Source
 from pipeline._routing import DropReason, Route, route
 
 
-def dest(ident: str, *, name: str = "Webhooks", sources: tuple[str, ...] = ("web",),
-         enabled: bool = True) -> Destination:
+def dest(
+    ident: str, *, name: str = "Webhooks", sources: tuple[str, ...] = ("web",), enabled: bool = True
+) -> Destination:
     return Destination(
         id=ident,
         name=name,
@@ -109,9 +110,7 @@ def test_integrations_filter(integrations: dict[str, Any], expected: list[str]) 
     assert ids(route(call(raw), TABLE)) == expected
 
 
-@pytest.mark.parametrize(
-    "integrations", [{"All": False}, {"Webhooks": False, "Hooks EU": False}]
-)
+@pytest.mark.parametrize("integrations", [{"All": False}, {"Webhooks": False, "Hooks EU": False}])
 def test_integrations_turning_everything_off(integrations: dict[str, Any]) -> None:
     raw = {"type": "identify", "userId": "u", "integrations": integrations}
     assert route(call(raw), TABLE) == Route(dropped=DropReason.NO_DESTINATION)

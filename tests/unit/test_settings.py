@@ -134,7 +134,9 @@ def test_max_connections_per_host_must_be_at_least_one(value: str) -> None:
         Settings().replace(max_connections_per_host=int(value))
 
 
-@pytest.mark.parametrize("field", ["partitions", "retry_partitions", "replication_factor", "max_in_flight"])
+@pytest.mark.parametrize(
+    "field", ["partitions", "retry_partitions", "replication_factor", "max_in_flight"]
+)
 def test_validated_rejects_counts_below_one(field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}: must be at least 1"):
         Settings().replace(**{field: 0})

@@ -1,0 +1,152 @@
+"""Turning a call method's arguments into a Segment-format message, validated and encoded.
+
+The rules are the server's: every message goes through ``pipeline._calls.parse_call``, so a call
+the client accepts is a call the ingestion API accepts, and the client refuses at once (with the
+field named) what the API would refuse later.
+
+A queued message is kept twice, both made once at call time: its compact JSON (what the HTTP
+transport sends, so a retry sends the same bytes) and the validated ``Call`` (what the Kafka
+transport writes). Both are snapshots: changing a ``properties`` dict after ``track()`` returned
+changes nothing that is sent.
+"""
+
+from __future__ import annotations
+
+import decimal
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from .._calls import MAX_CALL_BYTES, Call, parse_call
+from .._exceptions import CallTooLarge, InvalidCall
+from .._timestamps import format_timestamp, now_ms
+
+__all__ = ["Queued", "build_message", "prepare", "LIBRARY"]
+
+#: ``context.library`` of every message (the receiver sees which library sent a call).
+LIBRARY = {"name": "pipeline-python", "version": "0.1.0"}
+#: ``source_id`` used for validation when the transport does not know the source (HTTP: the
+#: server resolves the write key).
+UNRESOLVED_SOURCE = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One message waiting in the queue."""
+
+    encoded: bytes
+    call: Call
+
+    @property
+    def size(self) -> int:
+        return len(self.encoded)
+
+    def message(self) -> dict[str, Any]:
+        value: dict[str, Any] = orjson.loads(self.encoded)
+        return value
+
+
+def _timestamp(value: datetime | str | None, field: str = "timestamp") -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        # A naive datetime is local time, as everywhere in Python (datetime.astimezone).
+        moment = value.astimezone(UTC)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    raise InvalidCall(
+        field, f"must be a datetime or an ISO 8601 string, got {type(value).__name__}"
+    )
+
+
+def build_message(
+    call_type: str,
+    *,
+    user_id: str | int | None = None,
+    anonymous_id: str | int | None = None,
+    event: str | None = None,
+    properties: Mapping[str, Any] | None = None,
+    traits: Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
+    integrations: Mapping[str, Any] | None = None,
+    timestamp: datetime | str | None = None,
+    message_id: str | None = None,
+    name: str | None = None,
+    category: str | None = None,
+    group_id: str | int | None = None,
+    previous_id: str | int | None = None,
+    now: int | None = None,
+) -> dict[str, Any]:
+    """The message in Segment's format (camelCase keys, only the fields given).
+
+    Without ``timestamp`` the call time goes out as ``originalTimestamp``: the server turns it into
+    ``timestamp`` correcting for clock skew (Segment's rule), so batching does not shift the time a
+    receiver sees. ``timestamp`` itself is for historical import (seed §4.3 rule 8).
+    """
+    message: dict[str, Any] = {
+        "type": call_type,
+        "messageId": message_id if message_id is not None else str(uuid.uuid4()),
+    }
+    for key, value in (
+        ("userId", user_id),
+        ("anonymousId", anonymous_id),
+        ("event", event),
+        ("name", name),
+        ("category", category),
+        ("groupId", group_id),
+        ("previousId", previous_id),
+        ("properties", properties),
+        ("traits", traits),
+        ("integrations", integrations),
+    ):
+        if value is not None:
+            message[key] = value
+    if timestamp is not None:
+        message["timestamp"] = _timestamp(timestamp)
+    else:
+        message["originalTimestamp"] = format_timestamp(now_ms() if now is None else now)
+    if context is None:
+        message["context"] = {"library": LIBRARY}
+    elif isinstance(context, Mapping) and "library" not in context:
+        message["context"] = {**context, "library": LIBRARY}
+    else:
+        message["context"] = context
+    return message
+
+
+def _default(value: object) -> object:
+    """What orjson cannot encode by itself but a JSON call can hold."""
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def prepare(
+    message: dict[str, Any],
+    *,
+    event_time: int,
+    source_id: str = UNRESOLVED_SOURCE,
+    max_bytes: int = MAX_CALL_BYTES,
+) -> Queued:
+    """Validate and encode one message; raises ``InvalidCall`` naming the field, or
+    ``CallTooLarge``. ``event_time`` (epoch ms) is when the call was made: the ``Call``'s
+    ``timestamp`` unless the message has its own."""
+    try:
+        encoded = orjson.dumps(message)
+    except TypeError:
+        try:
+            encoded = orjson.dumps(message, default=_default)
+        except TypeError as exc:
+            # parse_call names the field that holds the value; if it does not, the call does.
+            parse_call(message, source_id=source_id, received_at=now_ms())
+            raise InvalidCall("call", f"cannot be encoded as JSON: {exc}") from None
+        message = orjson.loads(encoded)
+    if len(encoded) > max_bytes:
+        raise CallTooLarge("call", len(encoded), max_bytes)
+    call = parse_call(message, source_id=source_id, received_at=event_time, raw_size=len(encoded))
+    return Queued(encoded, call)

@@ -1,0 +1,847 @@
+"""The HTTP ingestion API, for real: aiohttp on 127.0.0.1, the embedded broker, real clients.
+
+Helpers here (``IngestThread``, ``CallsTopic`` and their fixtures) are shared with
+``test_client.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from pipeline._broker import EmbeddedBroker
+from pipeline._codec import Codec
+from pipeline._ingest import IngestOptions, start_ingest
+from pipeline._kafka import consumer_config, create_topics, topics_for
+from pipeline._settings import Settings
+from pipeline._timestamps import parse_timestamp
+from tests.conftest import apply, wait_for
+
+WRITE_KEY = "wk_ingest"
+SOURCE_ID = "web"
+
+
+def ingest_config(*urls: str) -> dict[str, Any]:
+    """Source ``web`` (write key ``wk_ingest``), and a destination to ``urls`` if any."""
+    config: dict[str, Any] = {"sources": [{"id": SOURCE_ID, "write_keys": [WRITE_KEY]}]}
+    if urls:
+        config["destinations"] = [
+            {
+                "id": "hooks",
+                "name": "Webhooks",
+                "sources": [SOURCE_ID],
+                "webhooks": [{"url": url} for url in urls],
+            }
+        ]
+    return config
+
+
+class IngestThread:
+    """``start_ingest`` on its own event loop in a background thread, on a free port."""
+
+    def __init__(self, settings: Settings, options: IngestOptions | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner, self.url = self._run(start_ingest(settings, "127.0.0.1", 0, options))
+        self.stopped = False
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        wait_for(lambda: httpx.get(self.url + "/ready", timeout=5).status_code == 200, timeout)
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self._run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def ingest_factory() -> Iterator[Callable[..., IngestThread]]:
+    started: list[IngestThread] = []
+
+    def make(settings: Settings, options: IngestOptions | None = None) -> IngestThread:
+        server = IngestThread(settings, options)
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+class CallsTopic:
+    """Reads the calls topic from the beginning (no consumer group), decoding each record.
+
+    With ``tag``, only calls whose ``userId`` (or ``anonymousId``) starts with it are kept, so
+    tests can share one topic.
+    """
+
+    def __init__(self, settings: Settings, tag: str | None = None) -> None:
+        self.topic = topics_for(settings).calls
+        self.tag = tag
+        self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
+        metadata = self.consumer.list_topics(self.topic, timeout=10)
+        partitions = sorted(metadata.topics[self.topic].partitions)
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+        self.codec = Codec.default()
+        self.records: list[dict[str, Any]] = []
+
+    def _keep(self, record: dict[str, Any]) -> bool:
+        who = record["userId"] or record["anonymousId"] or ""
+        return self.tag is None or who.startswith(self.tag)
+
+    def poll(self, seconds: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.records
+            for message in self.consumer.consume(1000, min(0.1, left)):
+                if message.error() is None:
+                    record = self.codec.decode("Call", message.value())
+                    if self._keep(record):
+                        self.records.append(record)
+
+    def wait(self, count: int, timeout: float = 15.0) -> list[dict[str, Any]]:
+        """Poll until at least ``count`` records arrived; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self.records) < count and time.monotonic() < deadline:
+            self.poll(0.05)
+        assert len(self.records) >= count, (
+            f"{len(self.records)} calls on the topic, expected {count}"
+        )
+        return self.records
+
+    def settle(self, seconds: float = 0.5) -> list[dict[str, Any]]:
+        """Everything that arrived, after ``seconds`` more of polling."""
+        return self.poll(seconds)
+
+    def by_message_id(self) -> dict[str, dict[str, Any]]:
+        return {r["messageId"]: r for r in self.records}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def calls_topic(settings: Settings) -> Iterator[CallsTopic]:
+    reader = CallsTopic(settings)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture(scope="module")
+def shared_settings(broker: EmbeddedBroker) -> Settings:
+    """One topic prefix, config and ingest server for a whole module (they take seconds to
+    start); tests keep apart by tagging their user ids (``tag``, ``tagged_calls``)."""
+    settings = Settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=f"m{uuid.uuid4().hex[:10]}.",
+        partitions=3,
+        retry_partitions=1,
+        session_timeout=6.0,
+    )
+    create_topics(settings)
+    apply(settings, ingest_config())
+    return settings
+
+
+@pytest.fixture(scope="module")
+def ingest(shared_settings: Settings) -> Iterator[IngestThread]:
+    server = IngestThread(shared_settings)
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tag() -> str:
+    """A unique prefix for the user ids of one test."""
+    return f"u{uuid.uuid4().hex[:8]}-"
+
+
+@pytest.fixture
+def tagged_calls(shared_settings: Settings, tag: str) -> Iterator[CallsTopic]:
+    reader = CallsTopic(shared_settings, tag)
+    yield reader
+    reader.close()
+
+
+def basic(username: str, colon: bool = True) -> dict[str, str]:
+    credentials = f"{username}:" if colon else username
+    return {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+
+
+# ---- real Segment library → our API → worker → receiver -------------------------------------------
+
+
+def test_segment_library_calls_arrive_as_webhooks(
+    settings, receiver_factory, worker_factory, ingest_factory
+):
+    from segment.analytics import Client as SegmentClient
+    from segment.analytics.version import VERSION
+
+    receiver = receiver_factory()
+    apply(settings, ingest_config(receiver.url))
+    api = ingest_factory(settings)
+    worker_factory(settings)
+    errors: list[Any] = []
+    segment = SegmentClient(
+        WRITE_KEY,
+        host=api.url,
+        gzip=True,
+        on_error=lambda error, batch: errors.append(error),
+        upload_interval=0.1,
+        max_retries=3,
+    )
+    when = datetime(2026, 11, 21, 7, 4, 30, 123000, tzinfo=UTC)
+    stamp = "2026-11-21T07:04:30.123Z"
+    segment.identify(
+        "u1",
+        {"name": "Ada", "logins": 12},
+        context={"ip": "10.0.0.1"},
+        timestamp=when,
+        message_id="m-identify",
+    )
+    segment.track(
+        "u1", "Order Completed", {"revenue": "42.50"}, timestamp=when, message_id="m-track"
+    )
+    page = {
+        "path": "/pricing",
+        "referrer": "https://example.com/",
+        "title": "Pricing",
+        "url": "https://shop.example/pricing",
+    }
+    segment.page("u1", name="Pricing", properties=page, timestamp=when, message_id="m-page")
+    screen_context = {
+        "device": {"model": "Pixel 9", "type": "android"},
+        "os": {"name": "Android", "version": "16"},
+        "app": {"build": "412", "name": "Shop", "version": "4.1.2"},
+    }
+    segment.screen("u1", name="Home", context=screen_context, timestamp=when, message_id="m-screen")
+    segment.group(
+        "u1",
+        "acme",
+        {"name": "Acme Inc", "employee count": 250},
+        timestamp=when,
+        message_id="m-group",
+    )
+    segment.alias("anon-7f3a", "u1", timestamp=when, message_id="m-alias")
+    segment.flush()
+    segment.join()
+    assert errors == []
+
+    wait_for(lambda: receiver.count() >= 6, timeout=30)
+    library = {"name": "analytics-python", "version": VERSION}
+    common = {"version": 1, "userId": "u1", "timestamp": stamp}
+    expected = {
+        "identify": {
+            **common,
+            "type": "identify",
+            "messageId": "m-identify",
+            "traits": {"name": "Ada", "logins": 12},
+            "context": {"ip": "10.0.0.1", "library": library},
+        },
+        "track": {
+            **common,
+            "type": "track",
+            "messageId": "m-track",
+            "event": "Order Completed",
+            "properties": {"revenue": "42.50"},
+            "context": {"library": library},
+        },
+        "page": {
+            **common,
+            "type": "page",
+            "messageId": "m-page",
+            "properties": page,
+            "name": "Pricing",
+            "context": {"library": library},
+        },
+        "screen": {
+            **common,
+            "type": "screen",
+            "messageId": "m-screen",
+            "name": "Home",
+            "properties": {},
+            "context": {**screen_context, "library": library},
+        },
+        "group": {
+            **common,
+            "type": "group",
+            "messageId": "m-group",
+            "groupId": "acme",
+            "traits": {"name": "Acme Inc", "employee count": 250},
+            "context": {"library": library},
+        },
+        "alias": {
+            **common,
+            "type": "alias",
+            "messageId": "m-alias",
+            "Previous ID": "anon-7f3a",
+            "User ID": "u1",
+            "context": {"library": library},
+        },
+    }
+    bodies = {body["type"]: body for body in receiver.bodies()}
+    assert bodies == expected
+    assert receiver.count() == 6
+    # Field order is the seed's: version, type, userId, messageId, timestamp, then the type's.
+    alias_body = next(r.body for r in receiver.requests if b'"alias"' in r.body)
+    assert alias_body.startswith(b'{"version":1,"type":"alias","userId":"u1","messageId":"m-alias"')
+
+
+# ---- the endpoints ---------------------------------------------------------------------------------
+
+
+def test_every_endpoint_write_key_form_and_batch_merge(ingest, tagged_calls, tag):
+    url = ingest.url
+    ok = {"success": True}
+    sent_ms = int(time.time() * 1000)
+    singles = {
+        "identify": {"userId": f"{tag}1", "traits": {"plan": "pro"}},
+        "track": {"userId": f"{tag}1", "event": "Clicked", "properties": {"n": 1}},
+        "page": {"anonymousId": f"{tag}a1", "name": "Home", "category": "Docs"},
+        "screen": {"userId": f"{tag}1", "name": "Settings"},
+        "group": {"userId": f"{tag}1", "groupId": "g1", "traits": {"name": "G"}},
+        "alias": {"userId": f"{tag}1", "previousId": f"{tag}a1"},
+    }
+    with httpx.Client(timeout=10) as http:
+        for kind, call in singles.items():
+            response = http.post(
+                f"{url}/v1/{kind}",
+                json={**call, "messageId": f"m-{kind}"},
+                headers=basic(WRITE_KEY),
+            )
+            assert (response.status_code, response.json()) == (200, ok), kind
+        # The write key: Basic without a colon, or writeKey in the body; the short paths.
+        response = http.post(
+            f"{url}/v1/t",
+            json={"userId": f"{tag}2", "event": "NoColon", "messageId": "m-nocolon"},
+            headers=basic(WRITE_KEY, colon=False),
+        )
+        assert response.status_code == 200
+        response = http.post(
+            f"{url}/v1/track",
+            json={
+                "userId": f"{tag}2",
+                "event": "InBody",
+                "writeKey": WRITE_KEY,
+                "timestamp": "2020-01-02T03:04:05.678Z",
+                "messageId": "m-inbody",
+            },
+        )
+        assert response.status_code == 200
+        batch = {
+            "writeKey": WRITE_KEY,
+            "sentAt": "2026-11-21T07:00:00.000Z",
+            "context": {"ip": "10.0.0.9", "locale": "de-DE"},
+            "integrations": {"All": False, "Webhooks": True},
+            "batch": [
+                {
+                    "type": "track",
+                    "userId": f"{tag}3",
+                    "event": "One",
+                    "messageId": "m-b1",
+                    "context": {"locale": "fr-FR"},
+                },
+                {"type": "identify", "userId": f"{tag}3", "integrations": {"Webhooks": False}},
+            ],
+        }
+        response = http.post(
+            f"{url}/v1/import",
+            content=gzip.compress(orjson.dumps(batch)),
+            headers={"Content-Encoding": "gzip"},
+        )
+        assert (response.status_code, response.json()) == (200, ok)
+        empty = http.post(f"{url}/v1/batch", json={"batch": []}, headers=basic(WRITE_KEY))
+        assert (empty.status_code, empty.json()) == (200, ok)
+
+    records = tagged_calls.wait(10)
+    assert len(tagged_calls.settle(0.3)) == 10
+    by_id = tagged_calls.by_message_id()
+    for kind in singles:
+        record = by_id[f"m-{kind}"]
+        assert record["type"] == kind and record["sourceId"] == SOURCE_ID
+        assert sent_ms - 1000 <= record["receivedAt"] <= int(time.time() * 1000)
+        assert record["timestamp"] == record["receivedAt"]  # no timestamp sent: server time
+    assert by_id["m-page"]["category"] == "Docs" and by_id["m-page"]["anonymousId"] == f"{tag}a1"
+    assert by_id["m-alias"]["previousId"] == f"{tag}a1"
+    assert by_id["m-nocolon"]["event"] == "NoColon"
+    # A timestamp sent by the client is kept (historical import).
+    assert by_id["m-inbody"]["timestamp"] == parse_timestamp("2020-01-02T03:04:05.678Z")
+    first = by_id["m-b1"]
+    assert orjson.loads(first["context"]) == {"ip": "10.0.0.9", "locale": "fr-FR"}
+    assert orjson.loads(first["integrations"]) == {"All": False, "Webhooks": True}
+    assert first["sentAt"] == parse_timestamp("2026-11-21T07:00:00.000Z")
+    second = next(r for r in records if r["type"] == "identify" and r["userId"] == f"{tag}3")
+    uuid.UUID(second["messageId"])  # generated by the server
+    assert orjson.loads(second["integrations"]) == {"All": False, "Webhooks": False}
+    assert orjson.loads(second["context"]) == {"ip": "10.0.0.9", "locale": "de-DE"}
+
+
+def _bomb() -> bytes:
+    """20 MB of spaces inside a JSON object: about 20 KB gzipped."""
+    return gzip.compress(b"{" + b" " * 20_000_000 + b"}", compresslevel=9)
+
+
+BIG = "x" * 33_000
+
+
+def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int, dict[str, Any]]]:
+    """(name, path, headers, body, status, error body) of requests the API must refuse."""
+    auth = basic(WRITE_KEY)
+    gz = {**auth, "Content-Encoding": "gzip"}
+    track = {"userId": user, "event": "E"}
+    big_call = {**track, "properties": {"p": BIG}}
+    big_item = {"type": "track", **big_call}
+
+    def call(code: str, message: str, field: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"success": False, "code": code, "message": message}
+        if field is not None:
+            body["field"] = field
+        return body
+
+    oversized_batch = {
+        "batch": [{"type": "track", **track, "properties": {"p": "y" * 30_000}}] * 18
+    }
+    return [
+        (
+            "empty body",
+            "/v1/track",
+            auth,
+            b"",
+            400,
+            call("empty_body", "body: is empty; send a JSON object", "body"),
+        ),
+        (
+            "malformed JSON",
+            "/v1/track",
+            auth,
+            b'{"userId": "u", ',
+            400,
+            call(
+                "invalid_json",
+                "body: not valid JSON: unexpected end of data: line 1 column 17 (char 16)",
+                "body",
+            ),
+        ),
+        (
+            "body not an object",
+            "/v1/track",
+            auth,
+            b"[1, 2]",
+            400,
+            call("invalid_call", "body: must be a JSON object, got an array", "body"),
+        ),
+        (
+            "missing event",
+            "/v1/track",
+            auth,
+            orjson.dumps({"userId": "u"}),
+            400,
+            call("invalid_call", "event: is required for a track call", "event"),
+        ),
+        (
+            "missing user",
+            "/v1/identify",
+            auth,
+            orjson.dumps({"traits": {}}),
+            400,
+            call(
+                "invalid_call",
+                "userId: a identify call needs a userId or an anonymousId; neither was given",
+                "userId",
+            ),
+        ),
+        (
+            "wrong type of properties",
+            "/v1/track",
+            auth,
+            orjson.dumps({**track, "properties": "cheap"}),
+            400,
+            call("invalid_call", "properties: must be a JSON object, got a string", "properties"),
+        ),
+        (
+            "wrong type of userId",
+            "/v1/track",
+            auth,
+            orjson.dumps({**track, "userId": True}),
+            400,
+            call("invalid_call", "userId: must be a string, got a boolean", "userId"),
+        ),
+        (
+            "bad timestamp",
+            "/v1/track",
+            auth,
+            orjson.dumps({**track, "timestamp": "noon"}),
+            400,
+            call(
+                "invalid_call",
+                "timestamp: 'noon' is not an ISO 8601 date-time, e.g. 2026-11-21T07:04:30.123Z",
+                "timestamp",
+            ),
+        ),
+        (
+            "batch not an array",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": {"type": "track"}}),
+            400,
+            call("invalid_call", "batch: must be an array, got an object", "batch"),
+        ),
+        (
+            "batch missing",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"calls": []}),
+            400,
+            call("invalid_call", "batch: is required: an array of calls", "batch"),
+        ),
+        (
+            "batch item without type",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": [{"type": "track", **track}, track]}),
+            400,
+            call(
+                "invalid_call",
+                "batch[1].type: is required in a batch: one of identify, track, "
+                "page, screen, group, alias",
+                "batch[1].type",
+            ),
+        ),
+        (
+            "batch item invalid",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": [{"type": "track", **track}, {"type": "group", "userId": "u"}]}),
+            400,
+            call(
+                "invalid_call", "batch[1].groupId: is required for a group call", "batch[1].groupId"
+            ),
+        ),
+        (
+            "delete is not accepted",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": [{"type": "delete", "userId": "u"}]}),
+            400,
+            call(
+                "invalid_call",
+                "batch[0].type: 'delete' is not accepted by the tracking API: "
+                "deletions come from deletion requests (pipeline delete-user)",
+                "batch[0].type",
+            ),
+        ),
+        (
+            "top-level context of the wrong type",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": [], "context": [1]}),
+            400,
+            call("invalid_call", "context: must be a JSON object, got an array", "context"),
+        ),
+        (
+            "no write key",
+            "/v1/track",
+            {},
+            orjson.dumps(track),
+            401,
+            call(
+                "missing_write_key",
+                "writeKey: no write key; send it as the HTTP Basic username "
+                "(empty password) or as writeKey in the body",
+                "writeKey",
+            ),
+        ),
+        (
+            "unknown write key (Basic)",
+            "/v1/track",
+            basic("wk_nope"),
+            orjson.dumps(track),
+            401,
+            call(
+                "invalid_write_key", "writeKey: no source has the write key 'wk_nope'", "writeKey"
+            ),
+        ),
+        (
+            "unknown write key (body)",
+            "/v1/track",
+            {},
+            orjson.dumps({**track, "writeKey": "wk_unknown_key"}),
+            401,
+            call("invalid_write_key", "writeKey: no source has the write key 'wk_u…'", "writeKey"),
+        ),
+        (
+            "not Basic auth",
+            "/v1/track",
+            {"Authorization": "Bearer abc"},
+            orjson.dumps(track),
+            401,
+            call(
+                "invalid_write_key",
+                "Authorization: not an HTTP Basic credential; send the write "
+                "key as the username with an empty password",
+                "Authorization",
+            ),
+        ),
+        (
+            "oversized call",
+            "/v1/track",
+            auth,
+            orjson.dumps(big_call),
+            413,
+            call(
+                "too_large",
+                f"call: is {len(orjson.dumps(big_call)):,} bytes, over the limit of 32,768 bytes",
+                "call",
+            ),
+        ),
+        (
+            "oversized call in a batch",
+            "/v1/batch",
+            auth,
+            orjson.dumps({"batch": [{"type": "track", **track}, big_item]}),
+            413,
+            call(
+                "too_large",
+                f"batch[1]: is {len(orjson.dumps(big_item)):,} bytes, over the limit "
+                "of 32,768 bytes",
+                "batch[1]",
+            ),
+        ),
+        (
+            "oversized batch",
+            "/v1/batch",
+            auth,
+            orjson.dumps(oversized_batch),
+            413,
+            call("too_large", "body: is over the limit of 512,000 bytes a request", "body"),
+        ),
+        (
+            "gzip bomb",
+            "/v1/batch",
+            gz,
+            _bomb(),
+            413,
+            call(
+                "too_large",
+                "body: is over the limit of 512,000 bytes a request (counted after decompression)",
+                "body",
+            ),
+        ),
+        (
+            "not gzip",
+            "/v1/batch",
+            gz,
+            b'{"batch": []}',
+            400,
+            call(
+                "invalid_gzip",
+                "body: not a valid gzip stream: Error -3 while decompressing data: "
+                "incorrect header check",
+                "body",
+            ),
+        ),
+        (
+            "truncated gzip",
+            "/v1/track",
+            gz,
+            gzip.compress(orjson.dumps(track))[:-12],
+            400,
+            call("invalid_gzip", "body: the gzip stream is truncated", "body"),
+        ),
+        (
+            "unsupported encoding",
+            "/v1/track",
+            {**auth, "Content-Encoding": "br"},
+            orjson.dumps(track),
+            415,
+            call(
+                "unsupported_encoding",
+                "Content-Encoding: 'br' is not supported; send gzip or no encoding",
+                "Content-Encoding",
+            ),
+        ),
+        (
+            "unknown endpoint",
+            "/v1/delete",
+            auth,
+            orjson.dumps(track),
+            404,
+            call(
+                "not_found",
+                "/v1/delete: no such endpoint; use identify, track, page, screen, "
+                "group, alias, batch or import",
+                None,
+            ),
+        ),
+    ]
+
+
+def test_bad_input_gets_the_exact_error_and_loses_nothing(ingest, tagged_calls, tag):
+    good: list[str] = []
+
+    def send_good(http: httpx.Client) -> None:
+        message_id = f"good-{len(good)}"
+        response = http.post(
+            f"{ingest.url}/v1/track",
+            headers=basic(WRITE_KEY),
+            json={"userId": tag, "event": "Good", "messageId": message_id},
+        )
+        assert response.status_code == 200
+        good.append(message_id)
+
+    with httpx.Client(timeout=10) as http:
+        for name, path, headers, body, status, error in _bad_requests(tag + "x"):
+            send_good(http)
+            started = time.monotonic()
+            response = http.post(ingest.url + path, content=body, headers=headers)
+            assert (response.status_code, response.json()) == (status, error), name
+            assert response.headers["Content-Type"] == "application/json", name
+            assert time.monotonic() - started < 2.0, name
+        send_good(http)
+        assert http.get(ingest.url + "/health").json() == {"status": "ok"}
+        assert http.get(ingest.url + "/ready").json() == {"ready": True}
+        metrics = http.get(ingest.url + "/metrics").text
+    assert 'pipeline_calls_rejected_total{reason="too_large"}' in metrics
+    assert 'pipeline_calls_ingested_total{type="track"}' in metrics
+
+    tagged_calls.wait(len(good))
+    records = tagged_calls.settle(0.5)
+    # Every acknowledged call is there once, and nothing of a refused request was written.
+    assert sorted(r["messageId"] for r in records) == sorted(good)
+
+
+def test_concurrent_requests_are_all_acknowledged_and_written(ingest, tagged_calls, tag):
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(timeout=30, auth=(WRITE_KEY, "")) as http:
+
+            async def one(n: int) -> int:
+                batch = [
+                    {
+                        "type": "track",
+                        "userId": f"{tag}{n % 7}",
+                        "event": "Burst",
+                        "messageId": f"{tag}{n}-{i}",
+                    }
+                    for i in range(10)
+                ]
+                response = await http.post(f"{ingest.url}/v1/batch", json={"batch": batch})
+                return response.status_code
+
+            return await asyncio.gather(*(one(n) for n in range(60)))
+
+    statuses = asyncio.run(main())
+    assert statuses == [200] * 60
+    records = tagged_calls.wait(600)
+    assert len({r["messageId"] for r in records}) == 600
+
+
+# ---- Kafka trouble ---------------------------------------------------------------------------------
+
+
+def test_paused_broker_gets_503_never_200_and_the_api_recovers(ingest_factory):
+    broker = EmbeddedBroker(port=0).start()  # never pause the session broker: others share it
+    server: IngestThread | None = None
+    try:
+        settings = Settings(
+            bootstrap_servers=broker.bootstrap_servers,
+            topic_prefix="paused.",
+            partitions=1,
+            retry_partitions=1,
+            retry_delays=(1.0,),
+        )
+        create_topics(settings)
+        apply(settings, ingest_config())
+        server = ingest_factory(settings, IngestOptions(ack_timeout=1.5, ready_timeout=0.5))
+        acked: list[str] = []
+
+        def post(http: httpx.Client, message_id: str) -> httpx.Response:
+            response = http.post(
+                f"{server.url}/v1/track",
+                headers=basic(WRITE_KEY),
+                json={"userId": "u", "event": "E", "messageId": message_id},
+            )
+            if response.status_code == 200:
+                acked.append(message_id)
+            return response
+
+        with httpx.Client(timeout=20) as http:
+            assert post(http, "before").status_code == 200
+            broker.pause()
+            started = time.monotonic()
+            refused = post(http, "while-paused")
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "1"
+            body = refused.json()
+            assert body["success"] is False and body["code"] == "kafka_unavailable"
+            assert body["message"].startswith("Kafka did not acknowledge 1 of 1 calls")
+            assert time.monotonic() - started < 8
+            assert http.get(server.url + "/health").status_code == 200
+            not_ready = http.get(server.url + "/ready")
+            assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
+            broker.resume()
+            attempts = iter(range(100))
+            wait_for(lambda: post(http, f"after-{next(attempts)}").status_code == 200, timeout=30)
+            assert http.get(server.url + "/ready").status_code == 200
+        reader = CallsTopic(settings)
+        try:
+            written = {r["messageId"] for r in reader.wait(len(acked))}
+        finally:
+            reader.close()
+        assert set(acked) <= written  # every 200 is on the topic
+        server.stop()
+    finally:
+        if server is not None:
+            server.stop()
+        broker.stop()
+
+
+def test_pipeline_ingest_command_serves_and_stops_on_sigterm(
+    settings, process_factory, calls_topic
+):
+    from pipeline._net import free_port
+
+    apply(settings, ingest_config())
+    port = free_port()
+    process = process_factory(settings, "ingest", "--port", str(port), "--ack-timeout", "5s")
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/ready", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(ready, timeout=30)
+    response = httpx.post(
+        url + "/v1/track",
+        auth=(WRITE_KEY, ""),
+        json={"userId": "u", "event": "Via CLI", "messageId": "m-cli"},
+    )
+    assert (response.status_code, response.json()) == (200, {"success": True})
+    assert calls_topic.wait(1)[0]["messageId"] == "m-cli"
+    process.terminate()
+    assert process.wait(15) == 0
