@@ -58,7 +58,16 @@ def parse_timestamp(text: str) -> int:
     return (moment - _EPOCH) // _ONE_MS
 
 
+#: The last second formatted, and its text: calls come in bursts within one second.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def format_timestamp(ms: int) -> str:
     """``2026-11-21T07:04:30.123Z`` for milliseconds since the epoch."""
+    global _last_second
     seconds, millis = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    cached, prefix = _last_second  # one tuple: safe to read and replace from several threads
+    if cached != seconds:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _last_second = (seconds, prefix)
+    return f"{prefix}.{millis:03d}Z"

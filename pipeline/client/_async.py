@@ -121,8 +121,12 @@ class AsyncClient(CallMethods):
                 "use Client from threads and synchronous code"
             ) from None
         now = now_ms()
+        message = build_message(call_type, now=now, **fields)
         item = prepare(
-            build_message(call_type, now=now, **fields), event_time=now, source_id=self._source_id
+            message,
+            event_time=now,
+            source_id=self._source_id,
+            keep_call=self.options.transport == "kafka",
         )
         if self._closed or len(self._queue) >= self.options.max_queue_size:
             self.dropped += 1
@@ -143,7 +147,7 @@ class AsyncClient(CallMethods):
             self._ensure_task()
             self._wake.set()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("queued %s %s (%d waiting)", call_type, item.call.message_id, waiting)
+            log.debug("queued %s %s (%d waiting)", call_type, message["messageId"], waiting)
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():

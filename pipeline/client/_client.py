@@ -199,8 +199,12 @@ class Client(CallMethods):
 
     def _enqueue(self, call_type: str, **fields: Any) -> None:
         now = now_ms()
+        message = build_message(call_type, now=now, **fields)
         item = prepare(
-            build_message(call_type, now=now, **fields), event_time=now, source_id=self._source_id
+            message,
+            event_time=now,
+            source_id=self._source_id,
+            keep_call=self.options.transport == "kafka",
         )
         refused: Exception | None = None
         cond = self._cond
@@ -223,7 +227,7 @@ class Client(CallMethods):
                 self.dropped += 1
         if refused is None:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("queued %s %s (%d waiting)", call_type, item.call.message_id, waiting)
+                log.debug("queued %s %s (%d waiting)", call_type, message["messageId"], waiting)
             return
         self._drop_warnings.dropped(refused)
         self._report(refused, [item])

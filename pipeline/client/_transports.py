@@ -128,7 +128,9 @@ class _HttpRequest:
 
     def body(self, batch: Sequence[Queued]) -> bytes:
         body = batch_body(batch, write_key=self.write_key, sent_at=format_timestamp(now_ms()))
-        return gzip_module.compress(body, compresslevel=6, mtime=0) if self.gzip else body
+        # Level 1: several times faster than 6 on JSON for a slightly larger body; batches are
+        # limited before compression, so only bandwidth, not correctness, depends on it.
+        return gzip_module.compress(body, compresslevel=1, mtime=0) if self.gzip else body
 
 
 class HttpTransport:
@@ -204,10 +206,11 @@ class _KafkaRecords:
         encode = self.codec.encode
         out = []
         for item in batch:
-            record = call_to_record(item.call)
+            call = item.call
+            record = call_to_record(call)
             record["sourceId"] = self.source_id
             record["receivedAt"] = record["sentAt"] = now
-            out.append((self.topic, item.call.key, encode("Call", record)))
+            out.append((self.topic, call.key, encode("Call", record)))
         return out
 
 
