@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._timestamps import now_ms
+from . import _metrics as client_metrics
 from ._batches import split_batches
 from ._client import OnError
 from ._errors import ClientClosed, DeliveryError, QueueFull
@@ -97,6 +98,7 @@ class AsyncClient(CallMethods):
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.dropped = 0
+        client_metrics.register(self)
         self.failed = 0
         self.batches = 0
 
@@ -130,6 +132,7 @@ class AsyncClient(CallMethods):
         )
         if self._closed or len(self._queue) >= self.options.max_queue_size:
             self.dropped += 1
+            client_metrics.DROPPED.labels("closed" if self._closed else "queue_full").inc()
             error: Exception = (
                 ClientClosed("the client is closed; the call was dropped")
                 if self._closed
@@ -251,6 +254,7 @@ class AsyncClient(CallMethods):
             self.batches += batch
         else:
             self.failed += len(items)
+            client_metrics.FAILED.inc(len(items))
             if items:
                 self._report(failed, items)
         self._progress.set()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._timestamps import now_ms
+from . import _metrics as client_metrics
 from ._batches import split_batches
 from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
@@ -164,6 +165,7 @@ class Client(CallMethods):
         self._transport = self._given_transport
         self.sent = 0
         self.dropped = 0
+        client_metrics.register(self)
         self.failed = 0
         self.batches = 0
 
@@ -225,6 +227,9 @@ class Client(CallMethods):
                     cond.notify()
             if refused is not None:
                 self.dropped += 1
+                client_metrics.DROPPED.labels(
+                    "closed" if isinstance(refused, ClientClosed) else "queue_full"
+                ).inc()
         if refused is None:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("queued %s %s (%d waiting)", call_type, message["messageId"], waiting)
@@ -351,6 +356,7 @@ class Client(CallMethods):
                 self.batches += batch
             else:
                 self.failed += len(items)
+                client_metrics.FAILED.inc(len(items))
             self._cond.notify_all()
         if failed is not None and items:
             self._report(failed, items)
