@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 dev: $(STAMP)
 	$(BIN)/pipeline dev
 
+# Three workers, one embedded broker each; tests mostly wait on I/O, so 3 fit 2 cores.
 test: $(STAMP)
 	bash tests/setup_system.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 3 --dist loadfile
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
