@@ -30,6 +30,7 @@ import asyncio
 import base64
 import binascii
 import enum
+import hmac
 import logging
 import os
 import time
@@ -129,14 +130,20 @@ class IngestOptions:
     ready_timeout: float = 2.0
     #: ``Retry-After`` (seconds) sent with a 503.
     retry_after: int = 1
+    #: Bearer token of the admin endpoints (``/admin/...``); ``None`` turns them off
+    #: (env ``PIPELINE_ADMIN_TOKEN``).
+    admin_token: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> IngestOptions:
         env = os.environ if environ is None else environ
         text = env.get("PIPELINE_INGEST_ACK_TIMEOUT")
+        token = env.get("PIPELINE_ADMIN_TOKEN") or None
         if not text:
-            return cls()
-        return cls(ack_timeout=parse_duration(text, name="PIPELINE_INGEST_ACK_TIMEOUT"))
+            return cls(admin_token=token)
+        return cls(
+            ack_timeout=parse_duration(text, name="PIPELINE_INGEST_ACK_TIMEOUT"), admin_token=token
+        )
 
 
 class ErrorCode(enum.StrEnum):
@@ -693,6 +700,95 @@ class _IngestService:
             )
         return key
 
+    # ---- admin: deletion requests (seed §1.6) ----------------------------------------------------
+
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        token = self.options.admin_token
+        if token is None:
+            return web.json_response(
+                {
+                    "success": False,
+                    "code": "admin_disabled",
+                    "message": "admin endpoints are off; set PIPELINE_ADMIN_TOKEN to turn them on",
+                },
+                status=404,
+            )
+        given = request.headers.get("Authorization", "")
+        expected = f"Bearer {token}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return web.json_response(
+                {
+                    "success": False,
+                    "code": "unauthorized",
+                    "message": "Authorization: Bearer <PIPELINE_ADMIN_TOKEN> is required",
+                },
+                status=401,
+            )
+        return None
+
+    async def delete_user(self, request: web.Request) -> web.Response:
+        """``POST /admin/delete-user {"userId", "reason"?, "force"?}``: a deletion request."""
+        from ._deletion import request_deletion
+
+        refused = self._admin_refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            payload = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _admin_error(400, "invalid_json", f"body: not JSON: {exc}")
+        if not isinstance(payload, dict) or not isinstance(payload.get("userId"), str):
+            return _admin_error(400, "invalid_field", "userId: a string is required")
+        reason, force = payload.get("reason"), payload.get("force", False)
+        if reason is not None and not isinstance(reason, str):
+            return _admin_error(400, "invalid_field", "reason: must be a string")
+        if not isinstance(force, bool):
+            return _admin_error(400, "invalid_field", "force: must be true or false")
+        assert self.follower is not None
+        try:
+            outcome = await asyncio.to_thread(
+                request_deletion,
+                self.settings,
+                payload["userId"],
+                reason=reason,
+                force=force,
+                table=self.follower.table,
+            )
+        except InvalidCall as exc:
+            return _admin_error(400, "invalid_field", str(exc))
+        except BrokerUnavailable as exc:
+            return _admin_error(503, "kafka_unavailable", str(exc))
+        return web.json_response(
+            {
+                "success": not outcome.failed,
+                "userId": outcome.user_id,
+                "notified": outcome.notified,
+                "alreadyNotified": sorted(outcome.already),
+                "unaffected": outcome.unaffected,
+                "failed": outcome.failed,
+            },
+            status=200 if not outcome.failed else 503,
+        )
+
+    async def deletion_status(self, request: web.Request) -> web.Response:
+        """``GET /admin/delete-user/{user_id}``: the recorded requests and what they sent."""
+        from ._deletion import read_request
+
+        refused = self._admin_refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            record = await asyncio.to_thread(
+                read_request, self.settings, request.match_info["user_id"]
+            )
+        except InvalidCall as exc:
+            return _admin_error(400, "invalid_field", str(exc))
+        except BrokerUnavailable as exc:
+            return _admin_error(503, "kafka_unavailable", str(exc))
+        if record is None:
+            return _admin_error(404, "not_found", "no deletion request for this user")
+        return web.json_response({"success": True, **record})
+
     async def health(self, _request: web.Request) -> web.Response:
         return _json({"status": "ok"})
 
@@ -725,6 +821,10 @@ class _IngestService:
 SERVER_ARGS: Mapping[str, Any] = {"auto_decompress": False}
 
 
+def _admin_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"success": False, "code": code, "message": message}, status=status)
+
+
 def make_ingest_app(settings: Settings, options: IngestOptions | None = None) -> web.Application:
     """The aiohttp application; Kafka clients start with the app and stop with it.
 
@@ -741,6 +841,8 @@ def make_ingest_app(settings: Settings, options: IngestOptions | None = None) ->
     app = web.Application()
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/{kind}", service.handle_call)
+    app.router.add_post("/admin/delete-user", service.delete_user)
+    app.router.add_get("/admin/delete-user/{user_id}", service.deletion_status)
     app.router.add_get("/health", service.health)
     app.router.add_get("/ready", service.ready)
     app.router.add_get("/metrics", service.metrics)

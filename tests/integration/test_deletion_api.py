@@ -1,0 +1,60 @@
+"""Deletion requests through the ingestion API's admin endpoint (seed §1.6)."""
+
+from __future__ import annotations
+
+import httpx
+
+from pipeline._ingest import IngestOptions
+from tests.conftest import stays, wait_for
+from tests.integration.test_deletion import BODY, three_sources
+from tests.integration.test_ingest import ingest_factory  # noqa: F401 (fixture)
+
+TOKEN = "admin-token-for-tests"
+
+
+def test_admin_endpoint_notifies_each_affected_source_once(
+    settings,
+    receiver_factory,
+    worker_factory,
+    ingest_factory,  # noqa: F811
+):
+    receivers = [receiver_factory(), receiver_factory(), receiver_factory()]
+    three_sources(settings, receivers)
+    worker_factory(settings)
+    api = ingest_factory(settings, IngestOptions(admin_token=TOKEN))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    url = f"{api.url}/admin/delete-user"
+
+    assert httpx.post(url, json={"userId": "user-42"}).status_code == 401
+    assert (
+        httpx.post(
+            url, json={"userId": "user-42"}, headers={"Authorization": "Bearer no"}
+        ).status_code
+        == 401
+    )
+    bad = httpx.post(url, json={"userId": 42}, headers=auth)
+    assert bad.status_code == 400 and bad.json()["message"] == "userId: a string is required"
+
+    first = httpx.post(url, json={"userId": "user-42", "reason": "GDPR"}, headers=auth, timeout=30)
+    assert first.status_code == 200, first.text
+    assert first.json()["notified"] == ["ios", "web"]
+    assert first.json()["unaffected"] == ["batch"]
+    web, ios, batch = receivers
+    wait_for(lambda: web.count() == 1 and ios.count() == 1)
+    assert all(BODY.fullmatch(r.requests[0].body) for r in (web, ios))
+
+    again = httpx.post(url, json={"userId": "user-42"}, headers=auth, timeout=30)
+    assert again.json()["notified"] == [] and again.json()["alreadyNotified"] == ["ios", "web"]
+    assert stays(lambda: (web.count(), ios.count(), batch.count()) == (1, 1, 0), 1.5)
+
+    status = httpx.get(f"{url}/user-42", headers=auth, timeout=30)
+    assert status.status_code == 200
+    assert [r["reason"] for r in status.json()["requests"]][:1] == ["GDPR"]
+    assert httpx.get(f"{url}/nobody", headers=auth, timeout=30).status_code == 404
+
+
+def test_admin_endpoints_are_off_without_a_token(settings, ingest_factory):  # noqa: F811
+    api = ingest_factory(settings, IngestOptions())
+    response = httpx.post(f"{api.url}/admin/delete-user", json={"userId": "u"}, timeout=10)
+    assert response.status_code == 404
+    assert response.json()["code"] == "admin_disabled"
