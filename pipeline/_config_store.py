@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,15 +92,11 @@ class ConfigFollower:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="config-follower", daemon=True)
-        self._listeners: list[Callable[[ConfigTable], None]] = []
         self.version = 0
 
     @property
     def table(self) -> ConfigTable:
         return self._table
-
-    def on_change(self, listener: Callable[[ConfigTable], None]) -> None:
-        self._listeners.append(listener)
 
     def start(self) -> ConfigFollower:
         self._thread.start()
@@ -194,8 +189,6 @@ class ConfigFollower:
     def _rebuild(self) -> None:
         self._table = ConfigTable.build(self._sources.values(), self._destinations.values())
         self.version += 1
-        for listener in self._listeners:
-            listener(self._table)
 
 
 def load_table(settings: Settings, timeout: float = 30.0) -> ConfigTable:

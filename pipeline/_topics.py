@@ -53,10 +53,3 @@ class Topics:
         """Last value sent per audience or computed trait and user (compacted,
         keyed ``<source>/<property>/<user>``)."""
         return f"{self.prefix}audience-state"
-
-    def retry_tier_of(self, topic: str) -> int | None:
-        """The tier number of a retry topic, or ``None`` for any other topic."""
-        try:
-            return self.retry.index(topic)
-        except ValueError:
-            return None
