@@ -114,7 +114,7 @@ class ConsumerLoop:
     def finish(self, taken: Taken) -> None:
         partition = taken._partition
         if partition.generation != taken._generation:
-            return  # revoked or sought back: the record will be consumed again
+            return  # revoked: the new owner consumes the record again
         key = (taken.message.topic(), taken.message.partition())
         if self._partitions.get(key) is not partition:
             return
@@ -200,7 +200,9 @@ class ConsumerLoop:
         before = len(partition.offsets)
         partition.offsets.forget_from(offset)
         dropped = before - len(partition.offsets)
-        partition.generation += 1
+        # No new generation: records below ``offset`` may still be in flight, and they must still
+        # finish (or the partition's commit position and the in-flight count stall for good).
+        # Records at and after it were never started; they are taken again after the seek.
         self._in_flight -= dropped
         self._gauge.dec(dropped)
         if self._in_flight < self._max_in_flight:

@@ -1,10 +1,12 @@
 """The delivery handler: attempt a delivery record, then hand it on by outcome.
 
 The same handler serves the ``deliver`` role (main topic) and the ``retry`` role (the tier topics);
-a record due later (``notBefore``) makes the consumer loop pause its partition until then.
+a record due later (``notBefore``) waits, in memory or in its paused partition (step 0).
 
 For each record:
 
+0. Not due yet (``notBefore``): due within ``HOLD_SECONDS`` → held here until it is; later → the
+   consumer loop pauses the partition until ``HOLD_SECONDS`` before it is due.
 1. Look the destination up in the live config (deleted → dead letter, disabled → dead letter).
 2. Past the deadline → dead letter ``deadline_exceeded`` without an attempt.
 3. POST to every webhook at once and combine the answers (``pipeline._outcomes.decide``).
@@ -35,9 +37,15 @@ from ._sender import WebhookSender
 from ._settings import Settings
 from ._topics import Topics
 
-__all__ = ["DeliveryHandler"]
+__all__ = ["DeliveryHandler", "HOLD_SECONDS"]
 
 log = logging.getLogger("pipeline.deliver")
+
+#: A record due within this many seconds is held in memory (it counts against the in-flight
+#: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
+#: before it is due. Pausing and resuming a partition costs a fetch round trip (50-500 ms), so
+#: pausing alone made every retry that late.
+HOLD_SECONDS = 1.0
 
 
 class DeliveryHandler:
@@ -91,7 +99,12 @@ class DeliveryHandler:
                 continue
             not_before = record["notBefore"] / 1000
             if not_before > now:
-                loop.defer(taken, not_before)
+                if not_before - now <= HOLD_SECONDS:
+                    self._spawn(self._process_when_due(taken, record, loop, not_before))
+                    continue
+                # Pause the partition; resume a little early so the head is then held here and
+                # attempted on time (a resume costs a fetch round trip).
+                loop.defer(taken, not_before - HOLD_SECONDS)
                 deferred.add(key)
                 continue
             self._spawn(self._process(taken, record, loop))
@@ -120,6 +133,13 @@ class DeliveryHandler:
     async def _hand_off(self, taken: Taken, loop: ConsumerLoop, records: list[Outgoing]) -> None:
         await self._producer.send_all_until_acked(records, self._stop)
         loop.finish(taken)
+
+    async def _process_when_due(
+        self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop, not_before: float
+    ) -> None:
+        while (wait := not_before - time.time()) > 0:  # never early, whatever the timer does
+            await asyncio.sleep(wait)
+        await self._process(taken, record, loop)
 
     async def _process(self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop) -> None:
         try:
@@ -174,7 +194,12 @@ class DeliveryHandler:
             record["firstAttemptAt"] = first = int(now * 1000)
             record["deadline"] = int(self._schedule.deadline_at(now) * 1000)
 
-        results = await self._sender.attempt(destination, record["body"], record["messageId"])
+        # The last slot before the deadline is a record's final chance: it is always tried, even
+        # through an open circuit (which would otherwise dead-letter it without a request).
+        final = now >= self._schedule.deadline_at(first / 1000) - self._schedule.margin
+        results = await self._sender.attempt(
+            destination, record["body"], record["messageId"], final=final
+        )
         finished = time.time()
         decision = decide(results)
         metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)

@@ -62,21 +62,19 @@ class AsyncProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def _produce(self, topic: str, key: bytes | None, value: bytes | None, ack: Any) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value, key, on_delivery=ack)
-                return
-            except BufferError:  # local queue full: wait for the poll thread to drain it
-                await asyncio.sleep(0.01)
-
     async def send_all(self, records: Sequence[Outgoing]) -> list[tuple[Outgoing, str]]:
         """Produce every record; return the ones Kafka refused, with the error, once all answered."""
         if not records:
             return []
         acks = _BatchAcks(asyncio.get_running_loop(), len(records))
-        for topic, key, value in records:
-            await self._produce(topic, key, value, acks)
+        produce = self._producer.produce
+        for topic, key, value in records:  # a plain loop: no coroutine per record
+            while True:
+                try:
+                    produce(topic, value, key, on_delivery=acks)
+                    break
+                except BufferError:  # local queue full: wait for the poll thread to drain it
+                    await asyncio.sleep(0.01)
         return await acks.future
 
     async def send_all_until_acked(

@@ -53,40 +53,58 @@ class RouterHandler:
         return [self._topics.calls]
 
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
-        table = self._follower.table
-        codec = self._codec
-        deliveries_topic = self._topics.deliveries
-        out: list[Outgoing] = []
-        for taken in batch:
-            message = taken.message
-            try:
-                call = call_from_record(codec.decode("Call", message.value()))
-            except SchemaRegistryUnavailable as exc:
-                # Not the record's fault: stop without finishing it; a restart picks it up again.
-                self.fatal = exc
-                self._stop.set()
-                return
-            except (UndecodableRecord, KeyError, ValueError) as exc:
-                letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
-                metrics.DEAD_LETTERS.labels(DeadLetterReason.UNDECODABLE.value).inc()
-                out.append((self._topics.dlq, None, codec.encode("DeadLetter", letter)))
-                continue
-            self._routed[call.type].inc()
-            decision = route(call, table)
-            if decision.dropped is not None:
-                self._dropped[decision.dropped].inc()
-                continue
-            body = render_body(call)
-            user_key = call.key
-            for destination in decision.destinations:
-                record = codec.encode("Delivery", new_delivery(call, destination.id, body))
-                # One destination's traffic spreads over partitions; one user's calls to one
-                # destination stay in one partition, in order.
-                out.append((deliveries_topic, destination.id.encode() + b"/" + user_key, record))
+        out = self._route(batch)
+        if out is None:
+            return
         metrics.DELIVERIES_ROUTED.inc(len(out))
         await self._producer.send_all_until_acked(out, self._stop)
         for taken in batch:
             loop.finish(taken)
+
+    def _route(self, batch: list[Taken]) -> list[Outgoing] | None:
+        """The records to produce for ``batch``; ``None`` when the worker must stop."""
+        table = self._follower.table
+        codec = self._codec
+        deliveries_topic = self._topics.deliveries
+        out: list[Outgoing] = []
+        # Counted per batch, not per call (a lock each), before anything is produced.
+        routed: dict[CallType, int] = {}
+        dropped: dict[DropReason, int] = {}
+        try:
+            for taken in batch:
+                message = taken.message
+                try:
+                    call = call_from_record(codec.decode("Call", message.value()))
+                except SchemaRegistryUnavailable as exc:
+                    # Not the record's fault: stop without finishing it; a restart picks it up.
+                    self.fatal = exc
+                    self._stop.set()
+                    return None
+                except (UndecodableRecord, KeyError, ValueError) as exc:
+                    letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
+                    metrics.DEAD_LETTERS.labels(DeadLetterReason.UNDECODABLE.value).inc()
+                    out.append((self._topics.dlq, None, codec.encode("DeadLetter", letter)))
+                    continue
+                routed[call.type] = routed.get(call.type, 0) + 1
+                decision = route(call, table)
+                if decision.dropped is not None:
+                    dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
+                    continue
+                body = render_body(call)
+                user_key = call.key
+                for destination in decision.destinations:
+                    record = codec.encode("Delivery", new_delivery(call, destination.id, body))
+                    # One destination's traffic spreads over partitions; one user's calls to one
+                    # destination stay in one partition, in order.
+                    out.append(
+                        (deliveries_topic, destination.id.encode() + b"/" + user_key, record)
+                    )
+        finally:
+            for call_type, count in routed.items():
+                self._routed[call_type].inc(count)
+            for reason, count in dropped.items():
+                self._dropped[reason].inc(count)
+        return out
 
     async def aclose(self) -> None:
         return None

@@ -14,7 +14,9 @@ Guards, all per endpoint (scheme, host, port):
 - **Concurrency limit.** At most ``max_connections_per_host`` requests in flight; the delivery
   timeout starts once a request has its slot, so waiting for a slot is never a timeout.
 - **Circuit breaker.** After a run of retryable failures the endpoint is not tried for a cool-down;
-  its records go to the next retry tier at once instead of tying up the worker.
+  its records go to the next retry tier at once instead of tying up the worker. A record's final
+  attempt (the last slot before its deadline) is made all the same: no record is dead-lettered
+  without a last request.
 - **Rate limit** per destination, when configured.
 
 aiohttp and not httpx on this path: with 64 requests in flight httpx 0.28 falls to about 130
@@ -78,13 +80,34 @@ class GuardedResolver(AbstractResolver):
 
 
 class _Endpoint:
-    __slots__ = ("slots", "breaker")
+    __slots__ = ("origin", "slots", "breaker")
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, origin: str, settings: Settings) -> None:
+        self.origin = origin
         self.slots = asyncio.Semaphore(settings.max_connections_per_host)
         self.breaker = CircuitBreaker(
             failures=settings.circuit_failures, cool_down=settings.circuit_cool_down
         )
+
+
+class _Target:
+    """One webhook URL, worked out once: its endpoint, or why it cannot be requested.
+
+    The address policy is fixed for the sender's life, so an IP-literal host's verdict is too.
+    """
+
+    __slots__ = ("endpoint", "failure", "detail")
+
+    def __init__(
+        self, endpoint: _Endpoint | None, failure: Failure | None = None, detail: str = ""
+    ) -> None:
+        self.endpoint = endpoint
+        self.failure = failure
+        self.detail = detail
+
+
+#: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
+_MAX_TARGETS = 10_000
 
 
 class WebhookSender:
@@ -94,6 +117,7 @@ class WebhookSender:
         self._policy = AddressPolicy.parse(settings.allowed_networks)
         self._session: aiohttp.ClientSession | None = None
         self._endpoints: dict[str, _Endpoint] = {}
+        self._targets: dict[str, _Target] = {}
         self._buckets: dict[str, TokenBucket] = {}
 
     async def start(self) -> WebhookSender:
@@ -110,6 +134,8 @@ class WebhookSender:
             timeout=aiohttp.ClientTimeout(total=self._settings.delivery_timeout),
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding",),
+            # Cookies a receiver sets are never sent back, to it or to anyone else.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         return self
 
@@ -128,9 +154,13 @@ class WebhookSender:
     def headers_for(
         self, destination: Destination, static: dict[str, str], body: bytes, message_id: str
     ) -> dict[str, str]:
-        headers = dict(static)
-        headers["Content-Type"] = "application/json"
-        headers["User-Agent"] = USER_AGENT
+        return _merged(static, self._signed_headers(destination, body, message_id))
+
+    def _signed_headers(
+        self, destination: Destination, body: bytes, message_id: str
+    ) -> dict[str, str]:
+        """The headers every webhook of ``destination`` gets for ``body`` (signed once)."""
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if destination.shared_secret:
             headers[SIGNATURE_HEADER] = sign(body, destination.shared_secret)
             if destination.standard_webhooks:
@@ -142,9 +172,12 @@ class WebhookSender:
         return headers
 
     async def attempt(
-        self, destination: Destination, body: bytes, message_id: str = ""
+        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
     ) -> list[UrlResult]:
-        """POST ``body`` to every webhook of ``destination`` at once."""
+        """POST ``body`` to every webhook of ``destination`` at once.
+
+        ``final``: the record's last attempt before its deadline; an open circuit does not stop it.
+        """
         if destination.rate_limit is not None:
             bucket = self._buckets.get(destination.id)
             if bucket is None or bucket.rate != destination.rate_limit:
@@ -152,20 +185,21 @@ class WebhookSender:
             wait = bucket.reserve()
             if wait > 0:
                 await asyncio.sleep(wait)
+        signed = self._signed_headers(destination, body, message_id)
+        hooks = destination.webhooks
+        if len(hooks) == 1:  # the common case: no gather, no extra task
+            hook = hooks[0]
+            return [await self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)]
         return list(
             await asyncio.gather(
                 *(
-                    self._guarded_post(
-                        hook.url,
-                        self.headers_for(destination, hook.headers, body, message_id),
-                        body,
-                    )
-                    for hook in destination.webhooks
+                    self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
+                    for hook in hooks
                 )
             )
         )
 
-    async def _guarded_post(self, url: str, headers: dict[str, str], body: bytes) -> UrlResult:
+    def _target(self, url: str) -> _Target:
         try:
             parts = urlsplit(url)
             host = parts.hostname or ""
@@ -173,20 +207,33 @@ class WebhookSender:
                 f"{parts.scheme}://{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
             )
         except ValueError as exc:
-            return UrlResult(url, failure=Failure.INVALID_URL, detail=str(exc))
+            return _Target(None, Failure.INVALID_URL, str(exc))
         if _is_ip_literal(host):
             refusal = self._policy.refusal(host)
             if refusal is not None:
-                return UrlResult(url, failure=Failure.BLOCKED_ADDRESS, detail=refusal)
+                return _Target(None, Failure.BLOCKED_ADDRESS, refusal)
         endpoint = self._endpoints.get(origin)
         if endpoint is None:
-            endpoint = self._endpoints[origin] = _Endpoint(self._settings)
+            endpoint = self._endpoints[origin] = _Endpoint(origin, self._settings)
+        if len(self._targets) >= _MAX_TARGETS:
+            self._targets.clear()
+        target = self._targets[url] = _Target(endpoint)
+        return target
+
+    async def _guarded_post(
+        self, url: str, headers: dict[str, str], body: bytes, final: bool = False
+    ) -> UrlResult:
+        target = self._targets.get(url) or self._target(url)
+        endpoint = target.endpoint
+        if endpoint is None:
+            assert target.failure is not None
+            return UrlResult(url, failure=target.failure, detail=target.detail)
         async with endpoint.slots:
-            if not endpoint.breaker.allow():
+            if not final and not endpoint.breaker.allow():
                 return UrlResult(
                     url,
                     failure=Failure.CIRCUIT_OPEN,
-                    detail=f"not tried: {origin} failed repeatedly; circuit open",
+                    detail=f"not tried: {endpoint.origin} failed repeatedly; circuit open",
                 )
             result = await self.post(url, headers, body)
         if result.ok:
@@ -243,6 +290,14 @@ class WebhookSender:
             return result(Failure.BAD_RESPONSE, _describe(exc))
         except (aiohttp.ClientError, OSError) as exc:
             return result(Failure.CONNECTION_ERROR, _describe(exc))
+
+
+def _merged(static: dict[str, str], signed: dict[str, str]) -> dict[str, str]:
+    if not static:
+        return signed.copy()
+    headers = dict(static)
+    headers.update(signed)
+    return headers
 
 
 def _is_ip_literal(host: str) -> bool:

@@ -26,6 +26,13 @@ log = logging.getLogger("pipeline.worker")
 
 ROLES = ("router", "deliver", "retry")
 
+#: The retry role pauses a partition and seeks back to a record that is not due yet; after the
+#: resume, librdkafka fetches again only once the fetch it had outstanding returns, which takes
+#: up to ``fetch.wait.max.ms`` (500 ms by default) on an idle partition. Every retry would be that
+#: late, so the retry consumer long-polls for 50 ms at most (some 20 small requests a second per
+#: broker when idle).
+_RETRY_CONSUMER = {"fetch.wait.max.ms": 50}
+
 
 def group_id(settings: Settings, role: str) -> str:
     return f"{settings.topic_prefix}{role}"
@@ -70,7 +77,12 @@ async def run_roles(
                     stop=stop,
                     codec=codec,
                 )
-                loops.append(ConsumerLoop(settings, group_id(settings, role), delivery))
+                overrides = _RETRY_CONSUMER if role == "retry" else None
+                loops.append(
+                    ConsumerLoop(
+                        settings, group_id(settings, role), delivery, consumer_overrides=overrides
+                    )
+                )
         log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
         if ready is not None:
             ready.set()

@@ -1,0 +1,635 @@
+"""``make bench``: the pipeline's figures, each next to a reference measured in the same run.
+
+    .venv/bin/python -m bench              # everything, ~5 minutes; writes bench/RESULTS.md
+    .venv/bin/python -m bench --only 1,3   # some sections (RESULTS.md is not written)
+
+Starts its own embedded broker, receivers (``bench._receiver``), workers and ingestion API on
+127.0.0.1 and ends each by PID. Every figure is the median of ``--runs`` runs (≥ 3), and every ratio
+is taken within one run (ours and its reference measured back to back) before the median: this
+machine is shared and noisy, so absolute figures move between runs while ratios hold.
+
+Sections (the issue's numbering):
+
+1. End to end, one ``pipeline worker`` process (router + deliver + retry): calls produced as a
+   backlog, events/s from the receiver's first answer to its last, against raw aiohttp POSTs of
+   the same body and headers to the same receiver, 100 in flight (our per-host connection cap).
+2. The same with a receiver that answers after 100 ms; router and deliver as separate processes
+   (the target is per delivery process), ``PIPELINE_MAX_CONNECTIONS_PER_HOST=1000`` (the default
+   100 caps one host at ~1,000 req/s at 100 ms); raw aiohttp with 1,000 in flight as reference.
+3. A hanging destination (reads requests, never answers) beside a healthy one, both on every call:
+   the healthy receiver's events/s against the same with a healthy neighbour instead (same work
+   per call) and against section 1's (alone: half the work per call). Plus the first run, when
+   the worker meets the hanging endpoint with its circuit still closed.
+4. Ingestion API, one ``pipeline ingest`` process: calls/s in batches of 100 and one call per
+   request (``bench.ingest_client``).
+5. ``pipeline.client`` against segment-analytics-python, the same tight loop of ``track()`` calls,
+   library defaults, same API: µs per call and calls lost (``bench.ingest_client``).
+6. Retry timing: a receiver that fails each call's first attempt; actual arrival of the retry
+   minus the ``notBefore`` written on the retry-tier record (read back from Kafka).
+7. Peak RSS (VmHWM) of one ``pipeline deliver`` process working on a 1,000,000-record backlog of
+   delivery records, bounded in time (RSS is bounded by the in-flight limit, not by the backlog).
+8. Naive baseline: poll one call, ``requests.post``, synchronous commit per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from pipeline._broker import EmbeddedBroker
+
+from ._baselines import raw_post_rate, read_topic
+from ._harness import (
+    Deployment,
+    Receiver,
+    Worker,
+    delivery_records,
+    produce_all,
+    rate,
+    sample_request,
+    wait_answered,
+)
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+@dataclass
+class Row:
+    key: str
+    measure: str
+    figure: str
+    reference: str = ""
+    ratio: str = ""
+    target: str = ""
+    met: bool | None = None
+    runs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Bench:
+    bootstrap: str
+    runs: int
+    quick: bool
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    solo: list[float] = field(default_factory=list)  # section 1's events/s, for section 3
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def n(self, full: int) -> int:
+        return max(1000, full // 4) if self.quick else full
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def fmt(value: float, unit: str = "") -> str:
+    if value != value:  # NaN
+        return "n/a"
+    text = (
+        f"{value:,.0f}"
+        if abs(value) >= 100
+        else f"{value:.2f}"
+        if abs(value) < 10
+        else f"{value:.1f}"
+    )
+    return f"{text}{unit}"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def pipeline_rate(receiver: Receiver, deployment: Deployment, source: str, count: int) -> float:
+    """Produce ``count`` calls as fast as Kafka takes them; events/s at ``receiver``."""
+    records = list(deployment.call_records(source, count))  # encoded before the clock starts
+    receiver.reset()
+    produce_all(deployment.settings, deployment.topics.calls, records)
+    return rate(wait_answered(receiver, count, timeout=120, stall=15))
+
+
+def warm_up(receiver: Receiver, deployment: Deployment, source: str, count: int = 20) -> None:
+    receiver.reset()
+    deployment.produce_calls(source, count)
+    wait_answered(receiver, count, timeout=90, stall=60)
+    receiver.reset()
+
+
+# ---- 1 and 8: end to end against raw aiohttp and the naive loop ---------------------------------
+
+
+def section_e2e(bench: Bench) -> None:
+    calls, naive_calls = bench.n(20000), bench.n(2000)
+    receiver = Receiver()
+    deployment = Deployment(bench.bootstrap, "e2e")
+    deployment.apply({"s": [("d1", [receiver.url()])]})
+    naive_deployment = Deployment(bench.bootstrap, "naive")
+    worker = Worker("worker", deployment.env(), "e2e-worker")
+    naive = Worker(receiver.url(), naive_deployment.env(), "naive", module="bench._naive")
+    try:
+        warm_up(receiver, deployment, "s")
+        warm_up(receiver, naive_deployment, "s")
+        body, headers = sample_request(deployment)
+        raw, ours, plain = [], [], []
+        for run in range(bench.runs):
+            raw.append(raw_post_rate(receiver, body, headers, calls, 100))
+            ours.append(pipeline_rate(receiver, deployment, "s", calls))
+            plain.append(pipeline_rate(receiver, naive_deployment, "s", naive_calls))
+            log(
+                f"1/8 run {run + 1}: ours {ours[-1]:,.0f}/s raw {raw[-1]:,.0f}/s naive {plain[-1]:,.0f}/s"
+            )
+    finally:
+        worker.stop()
+        naive.stop()
+        receiver.stop()
+    bench.solo = ours
+    vs_raw = [o / r for o, r in zip(ours, raw, strict=True)]
+    vs_naive = [o / p for o, p in zip(ours, plain, strict=True)]
+    bench.rows += [
+        Row(
+            "1",
+            f"end to end, one `pipeline worker`, {calls:,} calls (events/s)",
+            fmt(median(ours)),
+            f"raw aiohttp, 100 in flight: {fmt(median(raw))}",
+            fmt(median(vs_raw)),
+            "≥ 0.5",
+            median(vs_raw) >= 0.5,
+            [f"{o:,.0f}/{r:,.0f}" for o, r in zip(ours, raw, strict=True)],
+        ),
+        Row(
+            "1",
+            "end to end vs the naive loop (same run)",
+            fmt(median(ours)),
+            f"naive (8): {fmt(median(plain))}",
+            fmt(median(vs_naive), "×"),
+            "≥ 5×",
+            median(vs_naive) >= 5,
+        ),
+        Row(
+            "8",
+            f"naive: poll, requests.post, sync commit per message, {naive_calls:,} calls (events/s)",
+            fmt(median(plain)),
+            f"raw aiohttp: {fmt(median(raw))}",
+            fmt(median([p / r for p, r in zip(plain, raw, strict=True)])),
+            "reference",
+            None,
+        ),
+    ]
+
+
+# ---- 2: 100 ms receivers ------------------------------------------------------------------------
+
+
+def section_slow(bench: Bench) -> None:
+    calls = bench.n(15000)
+    receiver = Receiver(delay=0.1)
+    deployment = Deployment(bench.bootstrap, "slow")
+    deployment.apply({"s": [("d1", [receiver.url()])]})
+    env = deployment.env(PIPELINE_MAX_CONNECTIONS_PER_HOST="1000")
+    router = Worker("router", env, "slow-router")
+    deliver = Worker("deliver", env, "slow-deliver")
+    try:
+        warm_up(receiver, deployment, "s")
+        body, headers = sample_request(deployment)
+        raw, ours, cores, cpu_per_event = [], [], [], []
+        for run in range(bench.runs):
+            raw.append(raw_post_rate(receiver, body, headers, calls, 1000))
+            cpu, begun = deliver.cpu_seconds(), time.monotonic()
+            ours.append(pipeline_rate(receiver, deployment, "s", calls))
+            used = deliver.cpu_seconds() - cpu
+            cores.append(used / (time.monotonic() - begun))
+            cpu_per_event.append(used / calls * 1e6)
+            log(
+                f"2 run {run + 1}: ours {ours[-1]:,.0f}/s raw {raw[-1]:,.0f}/s, deliver process "
+                f"{cores[-1]:.2f} cores, {cpu_per_event[-1]:.0f} µs CPU per event"
+            )
+    finally:
+        router.stop()
+        deliver.stop()
+        receiver.stop()
+    ratio = [o / r for o, r in zip(ours, raw, strict=True)]
+    bench.rows.append(
+        Row(
+            "2",
+            f"100 ms receiver, one `pipeline deliver` (+ a router process), {calls:,} calls (events/s)",
+            fmt(median(ours)),
+            f"raw aiohttp, 1,000 in flight: {fmt(median(raw))} (ideal 10,000)",
+            fmt(median(ratio)),
+            "≥ 4,000/s",
+            median(ours) >= 4000,
+            [f"{o:,.0f}/{r:,.0f}" for o, r in zip(ours, raw, strict=True)],
+        )
+    )
+    bench.notes.append(
+        f"(2): the deliver process used {median(cores):.2f} cores, {median(cpu_per_event):.0f} µs "
+        f"of CPU per event (all its threads); at one full core that is "
+        f"{1e6 / median(cpu_per_event):,.0f} events/s."
+    )
+
+
+# ---- 3: a hanging destination beside a healthy one ----------------------------------------------
+
+
+def section_hang(bench: Bench) -> None:
+    calls = bench.n(10000)
+    healthy, other, hanging = Receiver(), Receiver(), Receiver("hang")
+    deployment = Deployment(bench.bootstrap, "hang")
+    deployment.apply(
+        {
+            "warm": [("warm-healthy", [healthy.url()])],
+            # Every call makes two delivery records: the healthy one, and one to the neighbour.
+            "hang": [("healthy", [healthy.url()]), ("hanging", [hanging.url()])],
+            "pair": [("healthy-2", [healthy.url()]), ("other", [other.url()])],
+        }
+    )
+    worker = Worker("worker", deployment.env(), "hang-worker")
+    try:
+        warm_up(healthy, deployment, "warm")
+        # The first run meets the hanging endpoint fresh: its circuit is closed, so the worker
+        # learns only from timeouts. Later runs see the steady state (circuit open, probes).
+        onset = pipeline_rate(healthy, deployment, "hang", calls)
+        log(f"3 onset: healthy {onset:,.0f}/s")
+        beside_hang, beside_healthy = [], []
+        for run in range(bench.runs):
+            beside_healthy.append(pipeline_rate(healthy, deployment, "pair", calls))
+            beside_hang.append(pipeline_rate(healthy, deployment, "hang", calls))
+            log(
+                f"3 run {run + 1}: healthy beside hanging {beside_hang[-1]:,.0f}/s, "
+                f"beside healthy {beside_healthy[-1]:,.0f}/s"
+            )
+        hung = hanging.stats()["requests"]
+    finally:
+        worker.stop()
+        healthy.stop()
+        other.stop()
+        hanging.stop()
+    solo = bench.solo or [float("nan")] * len(beside_hang)
+    isolation = [h / p for h, p in zip(beside_hang, beside_healthy, strict=True)]
+    alone = [h / s for h, s in zip(beside_hang, solo, strict=False)]
+    bench.rows += [
+        Row(
+            "3",
+            f"healthy destination beside a hanging one, {calls:,} calls (events/s at the healthy one)",
+            fmt(median(beside_hang)),
+            f"beside a healthy one (same work per call): {fmt(median(beside_healthy))}",
+            fmt(median(isolation)),
+            "≥ 0.9",
+            median(isolation) >= 0.9,
+            [f"{h:,.0f}/{p:,.0f}" for h, p in zip(beside_hang, beside_healthy, strict=True)],
+        ),
+        Row(
+            "3",
+            "… the same against the destination alone (section 1: half the work per call)",
+            fmt(median(beside_hang)),
+            f"alone (1): {fmt(median(solo))}",
+            fmt(median(alone)),
+            "≥ 0.9 (as written)",
+            median(alone) >= 0.9,
+        ),
+        Row(
+            "3",
+            "… first run, hanging endpoint not yet known (5 s timeouts until its circuit opens)",
+            fmt(onset),
+            f"beside a healthy one: {fmt(median(beside_healthy))}",
+            fmt(onset / median(beside_healthy)),
+            "",
+            None,
+        ),
+    ]
+    bench.notes.append(
+        f"(3): the hanging receiver got {hung:,} requests in all; the rest of its records went to "
+        "the retry tiers as `circuit_open` without a request."
+    )
+
+
+# ---- 6: retry timing ----------------------------------------------------------------------------
+
+
+def section_retry(bench: Bench) -> None:
+    calls = bench.n(1000)
+    receiver = Receiver("fail-first", log=True)
+    # 2 s: longer than HOLD_SECONDS, so each partition is paused, resumed early, then held.
+    deployment = Deployment(bench.bootstrap, "retry", retry_delays=(2.0,), retry_partitions=3)
+    deployment.apply({"s": [("d1", [receiver.url()])]})
+    # Every first attempt fails on purpose: keep the circuit breaker out of the way.
+    env = deployment.env(PIPELINE_CIRCUIT_FAILURES="1000000")
+    worker = Worker("worker", env, "retry-worker")
+    p50s, p99s, lows, highs = [], [], [], []
+    try:
+        for run in range(bench.runs + 1):  # run 0 warms the worker up (not counted)
+            receiver.reset()
+            count = 20 if run == 0 else calls
+            deployment.produce_calls("s", count)
+            wait_answered(receiver, count, timeout=90, stall=60)
+            if run == 0:
+                continue
+            arrivals = receiver.arrivals()
+            due = {}
+            for message in read_topic(deployment.settings, deployment.topics.retry[0]):
+                record = deployment.codec.decode("Delivery", message.value())
+                due[record["messageId"]] = record["notBefore"] / 1000
+            errors = sorted(
+                (at - due[mid]) * 1000
+                for mid, attempt, at in arrivals
+                if attempt == 2 and mid in due
+            )
+            if len(errors) < calls:
+                raise RuntimeError(f"only {len(errors)} of {calls} retries matched their records")
+            p50s.append(errors[len(errors) // 2])
+            p99s.append(errors[min(len(errors) - 1, int(len(errors) * 0.99))])
+            lows.append(errors[0])
+            highs.append(errors[-1])
+            log(f"6 run {run}: p50 {p50s[-1]:.0f} ms p99 {p99s[-1]:.0f} ms min {lows[-1]:.1f} ms")
+    finally:
+        worker.stop()
+        receiver.stop()
+    bench.rows.append(
+        Row(
+            "6",
+            f"retry timing error, actual − scheduled, {calls:,} retries a run (p50 / p99, ms)",
+            f"{fmt(median(p50s))} / {fmt(median(p99s))}",
+            f"earliest {min(lows):.1f} ms, latest {max(highs):,.0f} ms",
+            "",
+            "never early; p99 < 1,000",
+            min(lows) >= 0 and median(p99s) < 1000,
+            [f"{a:.0f}/{b:.0f}" for a, b in zip(p50s, p99s, strict=True)],
+        )
+    )
+
+
+# ---- 7: peak RSS on a 1,000,000-record backlog --------------------------------------------------
+
+
+def section_rss(bench: Bench) -> None:
+    backlog, seconds = (250_000 if bench.quick else 1_000_000), 8.0
+    receiver = Receiver()
+    deployment = Deployment(bench.bootstrap, "rss")
+    deployment.apply({"s": [("d1", [receiver.url()])]})
+    started = time.monotonic()
+    produce_all(
+        deployment.settings,
+        deployment.topics.deliveries,
+        delivery_records(deployment, "d1", backlog),
+    )
+    log(f"7: {backlog:,} delivery records produced in {time.monotonic() - started:.1f} s")
+    peaks, delivered, early, late = [], [], [], []
+    for run in range(bench.runs):
+        receiver.reset()
+        worker = Worker("deliver", deployment.env(), f"rss-deliver-{run}")
+        samples: list[tuple[float, float]] = []
+        try:
+            begun = time.monotonic()
+            while time.monotonic() - begun < 60 and not receiver.stats()["answered"]:
+                time.sleep(0.1)
+            first = time.monotonic()
+            while time.monotonic() - first < seconds and worker.alive():
+                samples.append((time.monotonic() - first, worker.memory_mb()[0]))
+                time.sleep(0.2)
+            peaks.append(worker.memory_mb()[1])
+        finally:
+            worker.stop()
+        delivered.append(receiver.stats()["answered"])
+        early.append(max(r for t, r in samples if t <= seconds / 3))
+        late.append(max(r for t, r in samples if t >= 2 * seconds / 3))
+        log(f"7 run {run + 1}: peak {peaks[-1]:.0f} MB, delivered {delivered[-1]:,}")
+    receiver.stop()
+    bench.rows.append(
+        Row(
+            "7",
+            f"peak RSS, one `pipeline deliver`, {backlog:,}-record backlog, {seconds:.0f} s (MB)",
+            fmt(median(peaks)),
+            f"RSS first third {fmt(median(early))}, last third {fmt(median(late))}; "
+            f"{fmt(median(delivered))} delivered a run",
+            "",
+            "< 300",
+            median(peaks) < 300,
+            [f"{p:.0f}" for p in peaks],
+        )
+    )
+
+
+# ---- 4 and 5: ingestion API and client library (bench.ingest_client) ----------------------------
+
+
+def section_ingest(bench: Bench) -> None:
+    from pipeline._config import validate_config
+    from pipeline._config_store import apply_config
+    from pipeline._net import free_port
+
+    from . import ingest_client as ic
+
+    deployment = Deployment(bench.bootstrap, "ingest")
+    apply_config(
+        deployment.settings,
+        validate_config({"sources": [{"id": "web", "write_keys": [ic.WRITE_KEY]}]}),
+    )
+    port = free_port()
+    api = Worker(f"ingest --port {port}", deployment.env(), "ingest")
+    url = f"http://127.0.0.1:{port}"
+    batch_requests, single_requests, calls = bench.n(800), bench.n(2000), bench.n(20000)
+    batched, single, ours, segment, ours_lost, segment_lost = [], [], [], [], [], []
+    api_cpu: list[float] = []
+    logging.getLogger("segment").setLevel(logging.CRITICAL)  # "queue is full", once per call
+    try:
+        ic._wait_ready(url)
+        for run in range(bench.runs):
+            cpu, begun = api.cpu_seconds(), time.monotonic()
+            result = asyncio.run(ic._api_throughput(url, batch_requests, 100, 32))
+            api_cpu.append((api.cpu_seconds() - cpu) / (time.monotonic() - begun))
+            batched.append(result["calls_per_s"])
+            result = asyncio.run(ic._api_throughput(url, single_requests, 1, 32))
+            single.append(result["calls_per_s"])
+            log(f"4 run {run + 1}: batches of 100 {batched[-1]:,.0f}/s, single {single[-1]:,.0f}/s")
+        for run in range(bench.runs):
+            mine = ic._ours(url, calls)
+            theirs = ic._segment(url, calls)
+            ours.append(mine["us_per_call"])
+            ours_lost.append(mine["lost"])
+            segment.append(theirs["us_per_call"])
+            segment_lost.append(theirs["lost"])
+            log(
+                f"5 run {run + 1}: ours {ours[-1]:.1f} µs lost {ours_lost[-1]}, "
+                f"segment {segment[-1]:.1f} µs lost {segment_lost[-1]}"
+            )
+    finally:
+        api.stop()
+    ratio = [o / s for o, s in zip(ours, segment, strict=True)]
+    bench.rows += [
+        Row(
+            "4",
+            f"ingestion API, one process, batches of 100, 32 in flight "
+            f"({batch_requests:,} requests, calls/s; API process used {median(api_cpu):.2f} cores)",
+            fmt(median(batched)),
+            "",
+            "",
+            "≥ 30,000",
+            median(batched) >= 30000,
+            [f"{b:,.0f}" for b in batched],
+        ),
+        Row(
+            "4",
+            f"ingestion API, one call per request (`/v1/batch` of 1), 32 in flight "
+            f"({single_requests:,} requests, calls/s)",
+            fmt(median(single)),
+            f"batches of 100: {fmt(median(batched))}",
+            fmt(median([s / b for s, b in zip(single, batched, strict=True)])),
+            "reference",
+            None,
+            [f"{s:,.0f}" for s in single],
+        ),
+        Row(
+            "5",
+            f"pipeline.client µs per track(), {calls:,} calls in a tight loop, defaults",
+            fmt(median(ours), " µs"),
+            f"segment-analytics-python: {fmt(median(segment), ' µs')}",
+            fmt(median(ratio)),
+            "≤ 0.33",
+            median(ratio) <= 1 / 3,
+            [f"{o:.1f}/{s:.1f}" for o, s in zip(ours, segment, strict=True)],
+        ),
+        Row(
+            "5",
+            "calls lost (queue full or failed), defaults, per run",
+            ", ".join(str(x) for x in ours_lost),
+            f"segment-analytics-python: {', '.join(str(x) for x in segment_lost)}",
+            "",
+            "0",
+            not any(ours_lost),
+        ),
+    ]
+
+
+SECTIONS: dict[str, Callable[[Bench], None]] = {
+    "1": section_e2e,  # also 8; must run before 3 (its solo figure)
+    "3": section_hang,
+    "2": section_slow,
+    "6": section_retry,
+    "4": section_ingest,  # also 5
+    "7": section_rss,
+}
+
+
+# ---- the table ------------------------------------------------------------------------------------
+
+
+def versions() -> str:
+    import confluent_kafka
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"Python {platform.python_version()}, confluent-kafka {version('confluent-kafka')} "
+        f"(librdkafka {confluent_kafka.libversion()[0]}), aiohttp {version('aiohttp')}, "
+        f"fastavro {version('fastavro')}, orjson {version('orjson')}, "
+        f"segment-analytics-python {version('segment-analytics-python')}"
+    )
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    loadavg = Path("/proc/loadavg")
+    load = " ".join(loadavg.read_text().split()[:3]) if loadavg.exists() else "?"
+    cpus = len(os.sched_getaffinity(0))
+    return (
+        f"{cpus} CPUs (nproc), {model}, {platform.system()} {platform.release()}; "
+        f"load average at start {load}"
+    )
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| # | measure | figure (median) | reference, same run | ratio (median of per-run ratios) "
+        "| target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        met = {True: "yes", False: "**no**", None: ""}[row.met]
+        lines.append(
+            f"| {row.key} | {row.measure} | {row.figure} | {row.reference} | {row.ratio} | "
+            f"{row.target} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def report(bench: Bench, started: float, load: str) -> str:
+    today = datetime.date.today().isoformat()
+    runs = "\n".join(f"- ({r.key}) {r.measure}: {', '.join(r.runs)}" for r in bench.rows if r.runs)
+    notes = "\n".join(f"- {n}" for n in bench.notes)
+    sections = ", ".join(f"{k}: {v:.0f} s" for k, v in bench.timings.items())
+    return f"""# Benchmark results
+
+`make bench` (`python -m bench`) on {today}, {time.monotonic() - started:.0f} s in all ({sections}).
+
+- Versions: {versions()}.
+- Machine: {load}.
+- Each figure is the median of {bench.runs} runs; each ratio is computed per run (ours and its
+  reference back to back) and the median of those is shown. The machine is shared: compare ratios.
+- One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio
+  HTTP/1.1 responder, one process each), serving the raw baselines and the pipeline alike.
+- Events/s are counted at the receiver, from its first answer to its last.
+
+{table(bench.rows)}
+
+Per run (ours/reference):
+{runs}
+
+Notes:
+{notes}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The pipeline's benchmarks; see bench/__main__.py")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median; at least 3)")
+    parser.add_argument("--only", default="", help="comma-separated sections, e.g. 1,3,6")
+    parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke test)")
+    args = parser.parse_args()
+    if args.runs < 3 and not args.quick:
+        parser.error("--runs: at least 3 (each figure is a median)")
+    wanted = [k for k in SECTIONS if not args.only or k in args.only.split(",")]
+    started = time.monotonic()
+    load = machine()
+    with EmbeddedBroker(port=0) as broker:
+        bench = Bench(broker.bootstrap_servers, args.runs, args.quick)
+        for key in wanted:
+            begun = time.monotonic()
+            log(f"section {key} ...")
+            try:
+                SECTIONS[key](bench)
+            except Exception as exc:  # keep going: the table shows what failed
+                traceback.print_exc()
+                bench.rows.append(Row(key, f"section {key} failed", f"{type(exc).__name__}: {exc}"))
+            bench.timings[key] = time.monotonic() - begun
+    text = report(bench, started, load)
+    print(table(bench.rows))
+    if not args.only and not args.quick:
+        RESULTS.write_text(text)
+        print(f"\nwritten to {RESULTS}")
+    print(f"{time.monotonic() - started:.0f} s in all", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

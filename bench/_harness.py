@@ -1,0 +1,313 @@
+"""What every benchmark needs: a broker, receivers, worker processes, and fast backlogs.
+
+Everything runs on 127.0.0.1 and is ended by PID. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline._codec import Codec
+from pipeline._config import validate_config
+from pipeline._config_store import apply_config
+from pipeline._kafka import create_topics, make_producer, topics_for
+from pipeline._records import call_from_record
+from pipeline._render import render_body
+from pipeline._settings import Settings
+from pipeline._signing import SIGNATURE_HEADER, sign
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-s3cret"
+#: The call every end-to-end benchmark sends: a track call whose webhook body is ~600 bytes.
+PROPERTIES = orjson.dumps({"plan": "pro", "revenue": 42.5, "currency": "EUR", "text": "x" * 300})
+CONTEXT = orjson.dumps({"ip": "203.0.113.9", "library": {"name": "bench", "version": "1.0"}})
+LOG_DIR = Path(tempfile.gettempdir()) / "pipeline-bench"
+
+
+class Receiver:
+    """A ``bench._receiver`` process; its counters are read over HTTP."""
+
+    def __init__(self, mode: str = "ok", *, delay: float = 0.0, log: bool = False) -> None:
+        command = [sys.executable, "-m", "bench._receiver", "--mode", mode, "--delay", str(delay)]
+        if log:
+            command.append("--log")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        assert self.process.stdout is not None
+        self.port = int(self.process.stdout.readline())
+        self.mode = mode
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _get(self, path: str) -> Any:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            connection.request("GET", path)
+            return orjson.loads(connection.getresponse().read())
+        finally:
+            connection.close()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._get("/__stats"))
+
+    def reset(self) -> None:
+        self._get("/__reset")
+
+    def arrivals(self) -> list[tuple[str, int, float]]:
+        return [tuple(a) for a in self._get("/__arrivals")]  # type: ignore[misc]
+
+    def stop(self) -> None:
+        _end(self.process)
+
+
+def _end(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def rate(stats: dict[str, Any]) -> float:
+    """Answers per second between the first and the last answer the receiver gave."""
+    span = stats["last"] - stats["first"]
+    return (stats["answered"] - 1) / span if span > 0 and stats["answered"] > 1 else 0.0
+
+
+def wait_answered(
+    receiver: Receiver, count: int, *, timeout: float, stall: float = 10.0
+) -> dict[str, Any]:
+    """Wait until ``receiver`` answered ``count`` requests (bounded by ``timeout`` and ``stall``)."""
+    deadline = time.monotonic() + timeout
+    last_change, seen = time.monotonic(), -1
+    while True:
+        stats = receiver.stats()
+        if stats["answered"] >= count:
+            return stats
+        now = time.monotonic()
+        if stats["answered"] != seen:
+            seen, last_change = stats["answered"], now
+        if now > deadline or now - last_change > stall:
+            why = f"no progress for {stall:.0f} s" if now <= deadline else "timed out"
+            raise TimeoutError(
+                f"receiver :{receiver.port} answered {stats['answered']} of {count} ({why})"
+            )
+        time.sleep(0.05)
+
+
+class Deployment:
+    """One topic prefix on the shared broker: topics, a config, and the env for its workers."""
+
+    def __init__(self, bootstrap: str, name: str, **settings: Any) -> None:
+        self.settings = Settings(
+            bootstrap_servers=bootstrap,
+            topic_prefix=f"bench-{name}-{uuid.uuid4().hex[:6]}.",
+            session_timeout=6.0,
+            allowed_networks=("127.0.0.0/8",),
+            **settings,
+        )
+        self.topics = topics_for(self.settings)
+        create_topics(self.settings)
+        self.codec = Codec.default()
+
+    def apply(self, sources: dict[str, list[tuple[str, list[str]]]], **extra: Any) -> None:
+        """``sources``: source id → [(destination id, [url, ...]), ...]."""
+        destinations = []
+        for source, targets in sources.items():
+            for destination, urls in targets:
+                destinations.append(
+                    {
+                        "id": destination,
+                        "sources": [source],
+                        "shared_secret": SECRET,
+                        "webhooks": [{"url": url} for url in urls],
+                    }
+                )
+        config = {
+            "sources": [{"id": s, "write_keys": [f"wk_{s}"]} for s in sources],
+            "destinations": destinations,
+            **extra,
+        }
+        apply_config(self.settings, validate_config(config))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        s = self.settings
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+        env.update(
+            PIPELINE_BOOTSTRAP_SERVERS=s.bootstrap_servers,
+            PIPELINE_TOPIC_PREFIX=s.topic_prefix,
+            PIPELINE_SESSION_TIMEOUT="6s",
+            PIPELINE_ALLOWED_NETWORKS="127.0.0.0/8",
+            PIPELINE_PARTITIONS=str(s.partitions),
+            PIPELINE_RETRY_PARTITIONS=str(s.retry_partitions),
+            PIPELINE_RETRY_DELAYS=",".join(f"{d:g}s" for d in s.retry_delays),
+            PIPELINE_DELIVERY_TIMEOUT=f"{s.delivery_timeout:g}s",
+        )
+        env.update(extra)
+        return env
+
+    def call_records(
+        self, source: str, count: int, *, run: str = ""
+    ) -> Iterable[tuple[bytes, bytes]]:
+        """(key, value) of ``count`` encoded track calls from ``source``."""
+        encode = self.codec.encode
+        now = int(time.time() * 1000)
+        properties, context = PROPERTIES.decode(), CONTEXT.decode()
+        for i in range(count):
+            user = f"u{i % 5000}"
+            record = {
+                "type": "track",
+                "messageId": f"{run}{uuid.uuid4()}",
+                "sourceId": source,
+                "timestamp": now,
+                "receivedAt": now,
+                "userId": user,
+                "anonymousId": None,
+                "sentAt": None,
+                "event": "Order Completed",
+                "name": None,
+                "category": None,
+                "groupId": None,
+                "previousId": None,
+                "properties": properties,
+                "traits": None,
+                "context": context,
+                "integrations": None,
+            }
+            yield user.encode(), encode("Call", record)
+
+    def produce_calls(self, source: str, count: int, *, run: str = "") -> None:
+        produce_all(self.settings, self.topics.calls, self.call_records(source, count, run=run))
+
+
+def produce_all(settings: Settings, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+    """Produce every (key, value); return once Kafka acknowledged them all."""
+    producer = make_producer(settings, **{"linger.ms": 20})
+    errors: list[str] = []
+
+    def report(error: Any, _message: Any) -> None:
+        if error is not None:
+            errors.append(error.str())
+
+    count = 0
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+        if count % 10000 == 0:
+            producer.poll(0)
+    left = producer.flush(120)
+    if left or errors:
+        raise RuntimeError(f"produce failed: {left} unacknowledged, errors {errors[:3]}")
+    return count
+
+
+def sample_request(deployment: Deployment) -> tuple[bytes, dict[str, str]]:
+    """The body and headers the pipeline would send for one of our calls (for the baselines)."""
+    _key, value = next(iter(deployment.call_records("s", 1)))
+    body = render_body(call_from_record(deployment.codec.decode("Call", value)))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "pipeline-webhooks/1.0",
+        SIGNATURE_HEADER: sign(body, SECRET),
+    }
+    return body, headers
+
+
+class Worker:
+    """A Python process (``python -m pipeline ROLE`` by default); output goes to a log file."""
+
+    def __init__(
+        self, role: str, env: dict[str, str], name: str, *, module: str = "pipeline"
+    ) -> None:
+        LOG_DIR.mkdir(exist_ok=True)
+        self.name = name
+        self.log_path = LOG_DIR / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, *role.split()],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def memory_mb(self) -> tuple[float, float]:
+        """(current RSS, peak RSS) in MB from /proc (VmRSS, VmHWM)."""
+        values = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                name, amount, _unit = line.split()
+                values[name] = int(amount) / 1024
+        return values["VmRSS:"], values["VmHWM:"]
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        _end(self.process, grace=20.0)
+        self._log.close()
+
+
+def delivery_records(
+    deployment: Deployment, destination: str, count: int
+) -> Iterable[tuple[bytes, bytes]]:
+    """(key, value) of ``count`` encoded ``Delivery`` records, built from one template.
+
+    Encoding a million records with fastavro would take longer than the benchmark they feed; only
+    the messageId (the first field, 36 characters) differs, so it is spliced into the template.
+    """
+    _key, value = next(iter(deployment.call_records("s", 1)))
+    call = call_from_record(deployment.codec.decode("Call", value))
+    template_id = str(uuid.uuid4())
+    record = {
+        "messageId": template_id,
+        "destinationId": destination,
+        "sourceId": "s",
+        "callType": "track",
+        "body": render_body(call),
+        "receivedAt": int(time.time() * 1000),
+        "firstAttemptAt": None,
+        "deadline": None,
+        "notBefore": 0,
+        "tier": -1,
+        "replays": 0,
+        "attempts": [],
+    }
+    encoded = deployment.codec.encode("Delivery", record)
+    head, rest = encoded[:11], encoded[11 + 36 :]
+    assert encoded[10] == 72 and encoded[11 : 11 + 36] == template_id.encode()  # zigzag(36)
+    prefix = destination.encode() + b"/u"  # the router's key: destination/user
+    for i in range(count):
+        yield prefix + b"%d" % (i % 5000), head + b"%036d" % i + rest

@@ -1,0 +1,59 @@
+"""The naive baseline: what a user would write by hand, one message at a time.
+
+    python -m bench._naive URL   (settings from the PIPELINE_* environment)
+
+Poll one call from the ``calls`` topic, render and sign its body (with our own functions, so only
+the delivery loop differs), ``requests.post`` it, commit that message synchronously, repeat.
+Runs until SIGTERM. Every figure of ``make bench`` has this as its floor.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import requests
+from confluent_kafka import Consumer
+
+from pipeline._codec import Codec
+from pipeline._kafka import consumer_config, topics_for
+from pipeline._records import call_from_record
+from pipeline._render import render_body
+from pipeline._settings import Settings
+from pipeline._signing import SIGNATURE_HEADER, sign
+
+from ._harness import SECRET
+
+
+def main() -> None:
+    url = sys.argv[1]
+    settings = Settings.from_env()
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}naive"))
+    consumer.subscribe([topics_for(settings).calls])
+    codec = Codec.default()
+    running = True
+
+    def stop(*_: object) -> None:
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while running:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            body = render_body(call_from_record(codec.decode("Call", message.value())))
+            headers = {
+                "Content-Type": "application/json",
+                "User-Agent": "pipeline-webhooks/1.0",
+                SIGNATURE_HEADER: sign(body, SECRET),
+            }
+            requests.post(url, data=body, headers=headers, timeout=5)
+            consumer.commit(message, asynchronous=False)
+    finally:
+        consumer.close()
+
+
+if __name__ == "__main__":
+    main()
