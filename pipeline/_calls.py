@@ -31,6 +31,7 @@ __all__ = [
     "MAX_CALL_BYTES",
     "MAX_BATCH_BYTES",
     "json_text",
+    "json_kind",
 ]
 
 #: Seed §8: 32 KB maximum per call.
@@ -108,7 +109,7 @@ def _identifier(raw: Mapping[str, Any], field: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise InvalidCall(field, f"must be a string, got {_kind(value)}")
+        raise InvalidCall(field, f"must be a string, got {json_kind(value)}")
     text = str(value)
     if len(text) > MAX_ID_CHARS:
         raise InvalidCall(field, f"is {len(text)} characters, over the limit of {MAX_ID_CHARS}")
@@ -120,7 +121,7 @@ def _string(raw: Mapping[str, Any], field: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidCall(field, f"must be a string, got {_kind(value)}")
+        raise InvalidCall(field, f"must be a string, got {json_kind(value)}")
     return value
 
 
@@ -129,7 +130,7 @@ def _object(raw: Mapping[str, Any], field: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise InvalidCall(field, f"must be a JSON object, got {_kind(value)}")
+        raise InvalidCall(field, f"must be a JSON object, got {json_kind(value)}")
     try:
         return json_text(value)
     except (TypeError, orjson.JSONEncodeError) as exc:
@@ -141,12 +142,12 @@ def _integrations(raw: Mapping[str, Any]) -> str | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise InvalidCall("integrations", f"must be a JSON object, got {_kind(value)}")
+        raise InvalidCall("integrations", f"must be a JSON object, got {json_kind(value)}")
     for key, setting in value.items():
         if not isinstance(setting, bool | dict):
             raise InvalidCall(
                 f"integrations.{key}",
-                f"must be true, false or an object of options, got {_kind(setting)}",
+                f"must be true, false or an object of options, got {json_kind(setting)}",
             )
     return json_text(value)
 
@@ -156,14 +157,15 @@ def _time(raw: Mapping[str, Any], field: str) -> int | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise InvalidCall(field, f"must be an ISO 8601 string, got {_kind(value)}")
+        raise InvalidCall(field, f"must be an ISO 8601 string, got {json_kind(value)}")
     try:
         return parse_timestamp(value)
     except ValueError as exc:
         raise InvalidCall(field, str(exc)) from None
 
 
-def _kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """How a JSON value's type reads in an error message: "a string", "an array", ..."""
     match value:
         case None:
             return "null"
@@ -195,7 +197,7 @@ def parse_call(
     Raises ``InvalidCall`` naming the field, or ``CallTooLarge``.
     """
     if not isinstance(raw, dict):
-        raise InvalidCall("call", f"must be a JSON object, got {_kind(raw)}")
+        raise InvalidCall("call", f"must be a JSON object, got {json_kind(raw)}")
     if raw_size is None:
         try:
             raw_size = len(orjson.dumps(raw))

@@ -45,7 +45,7 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import _metrics as metrics
-from ._calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType, parse_call
+from ._calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType, json_kind, parse_call
 from ._codec import RecordCodec
 from ._config_store import ConfigFollower
 from ._durations import parse_duration
@@ -231,23 +231,6 @@ _SUCCESS = orjson.dumps({"success": True})
 _SAMPLE = Call(type=CallType.TRACK, message_id="-", source_id="-", timestamp=0, received_at=0)
 
 
-def _kind(value: object) -> str:
-    match value:
-        case None:
-            return "null"
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list():
-            return "an array"
-        case dict():
-            return "an object"
-    return type(value).__name__
-
-
 # ---- pure parts: body, write key, calls -----------------------------------------------------------
 
 
@@ -307,7 +290,9 @@ def _check_type(value: object, field: str) -> None:
     if value is None:
         raise InvalidCall(field, f"is required in a batch: one of {_ACCEPTED_TEXT}")
     if not isinstance(value, str):
-        raise InvalidCall(field, f"must be a string, one of {_ACCEPTED_TEXT}; got {_kind(value)}")
+        raise InvalidCall(
+            field, f"must be a string, one of {_ACCEPTED_TEXT}; got {json_kind(value)}"
+        )
     if value == CallType.DELETE:
         raise InvalidCall(
             field,
@@ -334,7 +319,9 @@ def _object_or_none(payload: Mapping[str, Any], field: str) -> dict[str, Any] | 
     if value is None or isinstance(value, dict):
         return value
     raise _Refused(
-        ErrorCode.INVALID_CALL, f"{field}: must be a JSON object, got {_kind(value)}", field=field
+        ErrorCode.INVALID_CALL,
+        f"{field}: must be a JSON object, got {json_kind(value)}",
+        field=field,
     )
 
 
@@ -370,7 +357,7 @@ def iter_request(
     if not isinstance(payload, dict):
         raise _Refused(
             ErrorCode.INVALID_CALL,
-            f"body: must be a JSON object, got {_kind(payload)}",
+            f"body: must be a JSON object, got {json_kind(payload)}",
             field="body",
         )
     if kind in BATCH_ENDPOINTS:
@@ -410,7 +397,9 @@ def _parse_batch(
         )
     if not isinstance(batch, list):
         raise _Refused(
-            ErrorCode.INVALID_CALL, f"batch: must be an array, got {_kind(batch)}", field="batch"
+            ErrorCode.INVALID_CALL,
+            f"batch: must be an array, got {json_kind(batch)}",
+            field="batch",
         )
     context = _object_or_none(payload, "context")
     integrations = _object_or_none(payload, "integrations")
@@ -419,7 +408,7 @@ def _parse_batch(
         where = f"batch[{index}]"
         try:
             if not isinstance(item, dict):
-                raise InvalidCall("call", f"must be a JSON object, got {_kind(item)}")
+                raise InvalidCall("call", f"must be a JSON object, got {json_kind(item)}")
             _check_type(item.get("type"), "type")
             size = _size(item, max_call_bytes)
             raw = dict(item)
@@ -695,7 +684,7 @@ class _IngestService:
         if not isinstance(key, str):
             raise _Refused(
                 ErrorCode.INVALID_CALL,
-                f"writeKey: must be a string, got {_kind(key)}",
+                f"writeKey: must be a string, got {json_kind(key)}",
                 field="writeKey",
             )
         return key

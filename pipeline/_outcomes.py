@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 
 __all__ = [
@@ -164,6 +165,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         moment = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
-    if moment.tzinfo is None:
-        return None
+    if moment.tzinfo is None:  # "-0000": UTC, whatever the local zone is
+        moment = moment.replace(tzinfo=UTC)
     return max(0.0, moment.timestamp() - now)

@@ -12,8 +12,8 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC
-from email.utils import parsedate_to_datetime
+
+from .._outcomes import parse_retry_after as _parse_retry_after
 
 __all__ = ["Backoff", "parse_retry_after"]
 
@@ -54,15 +54,4 @@ def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -
     >>> parse_retry_after("Sat, 21 Nov 2026 07:00:10 GMT", now=lambda: 1795244400.0)
     10.0
     """
-    if not value:
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        moment = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if moment.tzinfo is None:  # "-0000": UTC, whatever the local zone is
-        moment = moment.replace(tzinfo=UTC)
-    return max(0.0, moment.timestamp() - now())
+    return _parse_retry_after(value, now())
