@@ -1,8 +1,8 @@
 """An asyncio face on one confluent-kafka producer, shared by every role of a process.
 
 A background thread polls the producer, so delivery reports arrive without the event loop ever
-blocking on Kafka. ``send`` resolves when Kafka acknowledged one record; ``send_all`` when it
-acknowledged a whole batch (one counter per batch, not one future per record).
+blocking on Kafka. ``send_all`` resolves when Kafka acknowledged a whole batch (one counter per
+batch, not one future per record).
 """
 
 from __future__ import annotations
@@ -95,12 +95,6 @@ class AsyncProducer:
             pending = [record for record, _ in failed]
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-    async def send(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
-        """Produce one record; raise ``BrokerUnavailable`` if Kafka refused it."""
-        failed = await self.send_all([(topic, key, value)])
-        if failed:
-            raise BrokerUnavailable(failed[0][1])
 
     def close(self, timeout: float = 10.0) -> int:
         """Flush what is queued (up to ``timeout``) and stop polling; returns records left."""

@@ -151,11 +151,6 @@ class WebhookSender:
             raise BlockedAddressError(refusal)
         return socket.socket(family=family, type=kind, proto=proto)
 
-    def headers_for(
-        self, destination: Destination, static: dict[str, str], body: bytes, message_id: str
-    ) -> dict[str, str]:
-        return _merged(static, self._signed_headers(destination, body, message_id))
-
     def _signed_headers(
         self, destination: Destination, body: bytes, message_id: str
     ) -> dict[str, str]:
