@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import fastavro
 import fastavro.schema
 
+from ._avro_writer import Writer, compile_writer
 from ._exceptions import UndecodableRecord
 
 __all__ = ["Codec", "RecordCodec", "schema_dir", "MAGIC"]
@@ -76,6 +77,7 @@ class Codec:
         self._named: dict[str, Any] = {}
         self._schemas: dict[str, Any] = {}
         self._headers: dict[str, bytes] = {}
+        self._compiled: dict[str, Writer | None] = {}
         self._writers: dict[bytes, Any] = {}
         for stem in _SCHEMA_FILES:
             self._add(json.loads((directory / f"{stem}.avsc").read_text()), current=True)
@@ -98,6 +100,7 @@ class Codec:
             name = _short_name(parsed)
             self._schemas[name] = parsed
             self._headers[name] = MAGIC + fingerprint
+            self._compiled[name] = compile_writer(parsed)
         return parsed
 
     def add_writer_schema(self, schema: dict[str, Any]) -> None:
@@ -108,6 +111,14 @@ class Codec:
         return self._schemas[name]
 
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        write = self._compiled[name]
+        if write is not None:
+            data = bytearray(self._headers[name])
+            try:
+                write(data, record)
+                return bytes(data)
+            except Exception:  # noqa: BLE001, S110 - fastavro writes it (defaults) or names the problem
+                pass
         out = io.BytesIO()
         out.write(self._headers[name])
         fastavro.schemaless_writer(out, self._schemas[name], record)

@@ -1,0 +1,266 @@
+"""A compiled Avro binary writer: fastavro's bytes for well-formed records, three times faster.
+
+fastavro's ``schemaless_writer`` walks the schema again for every record, about half a
+microsecond a field: 12 µs for a ``Call``, the largest single cost of the ingestion API.
+``compile_writer`` walks a parsed schema once and returns a function made of one small writer per
+field (4 µs for a ``Call``). It covers the types our schemas use (every primitive, enums, records,
+arrays, maps and ``["null", X]`` unions); for a schema with anything else it returns ``None`` and
+the codec keeps fastavro for it.
+
+The compiled writer is a fast path, not a second set of rules. It raises on any value it does not
+expect exactly (a missing field, a wrong type, a long out of range, an unknown enum symbol), and
+``Codec.encode`` then hands the record to fastavro, which writes it (field defaults, the type
+coercions it allows) or names the problem. ``tests/unit/test_avro_writer.py`` checks, for every
+schema of ``schemas/``, that both give the same bytes for arbitrary records.
+
+    >>> import fastavro
+    >>> schema = fastavro.parse_schema({"type": "record", "name": "T", "fields": [
+    ...     {"name": "id", "type": "string"}, {"name": "n", "type": ["null", "long"]}]})
+    >>> write = compile_writer(schema)
+    >>> out = bytearray()
+    >>> write(out, {"id": "a", "n": -2})
+    >>> bytes(out)
+    b'\\x02a\\x02\\x03'
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["compile_writer", "Writer"]
+
+#: Appends one value's Avro binary encoding to ``out``; raises on a value it does not expect.
+Writer = Callable[[bytearray, Any], None]
+
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+#: The zig-zag varint of 0..63 is one byte: 2 * n.
+_SMALL = [bytes([n << 1]) for n in range(64)]
+_DOUBLE = struct.Struct("<d").pack
+_FLOAT = struct.Struct("<f").pack
+
+
+class _Unsupported(Exception):
+    """The schema uses something ``compile_writer`` does not cover."""
+
+
+def _varint(out: bytearray, value: int) -> None:
+    """The zig-zag varint of a value already checked to fit in 64 bits."""
+    n = (value << 1) ^ (value >> 63)
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _write_long(out: bytearray, value: Any) -> None:
+    if type(value) is not int:
+        raise TypeError(f"a long must be an int, got {type(value).__name__}")
+    if 0 <= value < 64:
+        out += _SMALL[value]
+    elif _LONG_MIN <= value <= _LONG_MAX:
+        _varint(out, value)
+    else:
+        raise OverflowError(f"{value} does not fit in an Avro long")
+
+
+def _write_int(out: bytearray, value: Any) -> None:
+    if type(value) is not int:
+        raise TypeError(f"an int must be an int, got {type(value).__name__}")
+    if 0 <= value < 64:
+        out += _SMALL[value]
+    elif _INT_MIN <= value <= _INT_MAX:
+        _varint(out, value)
+    else:
+        raise OverflowError(f"{value} does not fit in an Avro int")
+
+
+def _write_bytes(out: bytearray, value: Any) -> None:
+    if type(value) is not bytes:
+        raise TypeError(f"bytes must be bytes, got {type(value).__name__}")
+    size = len(value)
+    if size < 64:
+        out += _SMALL[size]
+    else:
+        _varint(out, size)
+    out += value
+
+
+def _write_string(out: bytearray, value: Any) -> None:
+    if type(value) is not str:
+        raise TypeError(f"a string must be a str, got {type(value).__name__}")
+    data = value.encode()
+    size = len(data)
+    if size < 64:
+        out += _SMALL[size]
+    else:
+        _varint(out, size)
+    out += data
+
+
+def _write_boolean(out: bytearray, value: Any) -> None:
+    if value is True:
+        out.append(1)
+    elif value is False:
+        out.append(0)
+    else:
+        raise TypeError(f"a boolean must be True or False, got {type(value).__name__}")
+
+
+def _write_double(out: bytearray, value: Any) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise TypeError(f"a double must be a float, got {type(value).__name__}")
+    out += _DOUBLE(value)
+
+
+def _write_float(out: bytearray, value: Any) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise TypeError(f"a float must be a float, got {type(value).__name__}")
+    out += _FLOAT(value)
+
+
+def _write_null(_out: bytearray, value: Any) -> None:
+    if value is not None:
+        raise TypeError(f"null must be None, got {type(value).__name__}")
+
+
+_PRIMITIVES: dict[str, Writer] = {
+    "null": _write_null,
+    "boolean": _write_boolean,
+    "int": _write_int,
+    "long": _write_long,
+    "float": _write_float,
+    "double": _write_double,
+    "bytes": _write_bytes,
+    "string": _write_string,
+}
+
+
+def compile_writer(schema: Any) -> Writer | None:
+    """A writer for ``schema`` (as ``fastavro.parse_schema`` returns it), or ``None`` when the
+    schema uses something this module does not cover (then use fastavro)."""
+    named: dict[str, Any] = (
+        dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
+    )
+    try:
+        return _compile(schema, named, frozenset())
+    except _Unsupported:
+        return None
+
+
+def _compile(schema: Any, named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema]
+        if schema in named and schema not in enclosing:
+            return _compile(named[schema], named, enclosing)
+        raise _Unsupported(f"named type {schema!r} (unknown or recursive)")
+    if isinstance(schema, list):
+        return _union(schema, named, enclosing)
+    if not isinstance(schema, dict) or "logicalType" in schema:
+        raise _Unsupported(repr(schema))
+    kind = schema.get("type")
+    if kind == "record":
+        return _record(schema, named, enclosing | {schema["name"]})
+    if kind == "enum":
+        return _enum(schema["symbols"])
+    if kind == "array":
+        return _array(_compile(schema["items"], named, enclosing))
+    if kind == "map":
+        return _map(_compile(schema["values"], named, enclosing))
+    if kind in _PRIMITIVES:
+        return _PRIMITIVES[kind]
+    raise _Unsupported(repr(kind))
+
+
+def _record(schema: dict[str, Any], named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
+    fields = tuple(
+        (field["name"], _compile(field["type"], named, enclosing)) for field in schema["fields"]
+    )
+
+    def write_record(out: bytearray, value: Any) -> None:
+        if type(value) is not dict:
+            raise TypeError(f"a record must be a dict, got {type(value).__name__}")
+        for name, write in fields:
+            write(out, value[name])
+
+    return write_record
+
+
+def _enum(symbols: list[str]) -> Writer:
+    index = {symbol: _SMALL[i] if i < 64 else _encoded_long(i) for i, symbol in enumerate(symbols)}
+
+    def write_enum(out: bytearray, value: Any) -> None:
+        out += index[value]
+
+    return write_enum
+
+
+def _encoded_long(value: int) -> bytes:
+    out = bytearray()
+    _varint(out, value)
+    return bytes(out)
+
+
+def _union(branches: list[Any], named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
+    if len(branches) != 2 or "null" not in branches:
+        raise _Unsupported(f"union {branches!r}: only ['null', X] is compiled")
+    null_index = branches.index("null")
+    other = _compile(branches[1 - null_index], named, enclosing)
+    null_tag, other_tag = _SMALL[null_index], _SMALL[1 - null_index]
+    if other is _write_string:  # the commonest field of all: inlined
+
+        def write_optional_string(out: bytearray, value: Any) -> None:
+            if value is None:
+                out += null_tag
+            elif type(value) is str:
+                data = value.encode()
+                size = len(data)
+                out += other_tag
+                if size < 64:
+                    out += _SMALL[size]
+                else:
+                    _varint(out, size)
+                out += data
+            else:
+                raise TypeError(f"a string must be a str, got {type(value).__name__}")
+
+        return write_optional_string
+
+    def write_optional(out: bytearray, value: Any) -> None:
+        if value is None:
+            out += null_tag
+        else:
+            out += other_tag
+            other(out, value)
+
+    return write_optional
+
+
+def _array(items: Writer) -> Writer:
+    def write_array(out: bytearray, value: Any) -> None:
+        if type(value) is not list:
+            raise TypeError(f"an array must be a list, got {type(value).__name__}")
+        if value:
+            _write_long(out, len(value))
+            for item in value:
+                items(out, item)
+        out.append(0)
+
+    return write_array
+
+
+def _map(values: Writer) -> Writer:
+    def write_map(out: bytearray, value: Any) -> None:
+        if type(value) is not dict:
+            raise TypeError(f"a map must be a dict, got {type(value).__name__}")
+        if value:
+            _write_long(out, len(value))
+            for key, item in value.items():
+                _write_string(out, key)
+                values(out, item)
+        out.append(0)
+
+    return write_map
