@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -57,14 +57,44 @@ class CallType(enum.StrEnum):
 _CALL_TYPES = {kind.value: kind for kind in CallType}
 
 
+#: Message ids are made 256 at a time from one read of the OS's random source; a list iterator
+#: hands them out (``next`` on it is atomic, so threads never share one), and a forked child
+#: starts a fresh batch.
+_ID_BATCH = 256
+_ids: Iterator[str] = iter(())
+#: The RFC 9562 variant nibble (10xx) for any random hex digit.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
+def _id_batch() -> Iterator[str]:
+    h = os.urandom(16 * _ID_BATCH).hex()
+    variant = _VARIANT
+    return iter(
+        [
+            f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-"
+            f"{variant[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+            for i in range(0, 32 * _ID_BATCH, 32)
+        ]
+    )
+
+
 def new_message_id() -> str:
-    """A random (version 4) UUID, from the OS's random source: fork-safe, and 5x faster than
+    """A random (version 4) UUID from the OS's random source, in a third of the time of
     ``str(uuid.uuid4())``."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    global _ids
+    try:
+        return next(_ids)
+    except StopIteration:
+        _ids = _id_batch()
+        return next(_ids)
+
+
+def _forget_ids() -> None:
+    global _ids
+    _ids = iter(())
+
+
+os.register_at_fork(after_in_child=_forget_ids)
 
 
 class Call(NamedTuple):
@@ -98,37 +128,36 @@ class Call(NamedTuple):
         return (self.user_id or self.anonymous_id or self.message_id).encode()
 
 
+def _new_call(fields: tuple[Any, ...]) -> Call:
+    """A ``Call`` from all its fields in order: a quarter of the cost of ``Call(**fields)``."""
+    return tuple.__new__(Call, fields)
+
+
 def json_text(value: Mapping[str, Any]) -> str:
     """Compact JSON text, non-ASCII kept as it is (the ``JSON.stringify`` form)."""
     return orjson.dumps(value).decode()
 
 
-def _identifier(raw: Mapping[str, Any], field: str) -> str | None:
+def _identifier(value: object, field: str) -> str | None:
     """A non-empty string id; integers are accepted and turned into strings, as Segment does."""
-    value = raw.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, str | int):
+    if type(value) is str:
+        text = value
+    elif isinstance(value, str | int) and not isinstance(value, bool):
+        text = str(value)
+    else:
         raise InvalidCall(field, f"must be a string, got {json_kind(value)}")
-    text = str(value)
     if len(text) > MAX_ID_CHARS:
         raise InvalidCall(field, f"is {len(text)} characters, over the limit of {MAX_ID_CHARS}")
     return text or None
 
 
-def _string(raw: Mapping[str, Any], field: str) -> str | None:
-    value = raw.get(field)
-    if value is None:
-        return None
+def _string(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise InvalidCall(field, f"must be a string, got {json_kind(value)}")
     return value
 
 
-def _object(raw: Mapping[str, Any], field: str) -> str | None:
-    value = raw.get(field)
-    if value is None:
-        return None
+def _object(value: object, field: str) -> str:
     if not isinstance(value, dict):
         raise InvalidCall(field, f"must be a JSON object, got {json_kind(value)}")
     try:
@@ -137,10 +166,7 @@ def _object(raw: Mapping[str, Any], field: str) -> str | None:
         raise InvalidCall(field, f"cannot be encoded as JSON: {exc}") from None
 
 
-def _integrations(raw: Mapping[str, Any]) -> str | None:
-    value = raw.get("integrations")
-    if value is None:
-        return None
+def _integrations(value: object) -> str:
     if not isinstance(value, dict):
         raise InvalidCall("integrations", f"must be a JSON object, got {json_kind(value)}")
     for key, setting in value.items():
@@ -149,12 +175,11 @@ def _integrations(raw: Mapping[str, Any]) -> str | None:
                 f"integrations.{key}",
                 f"must be true, false or an object of options, got {json_kind(setting)}",
             )
-    return json_text(value)
+    return _object(value, "integrations")
 
 
-def _time(raw: Mapping[str, Any], field: str) -> int | None:
-    value = raw.get(field)
-    if value is None or value == "":
+def _time(value: object, field: str) -> int | None:
+    if value == "":
         return None
     if not isinstance(value, str):
         raise InvalidCall(field, f"must be an ISO 8601 string, got {json_kind(value)}")
@@ -218,27 +243,71 @@ def parse_call(
             "type", f"{type_text!r} is not a call type; use one of " + ", ".join(CallType)
         )
 
-    user_id = _identifier(raw, "userId")
-    anonymous_id = _identifier(raw, "anonymousId")
-    timestamp = _time(raw, "timestamp")
-    call = Call(
-        type=kind,
-        message_id=_identifier(raw, "messageId") or new_message_id(),
-        source_id=source_id,
-        timestamp=received_at if timestamp is None else timestamp,
-        received_at=received_at,
-        user_id=user_id,
-        anonymous_id=anonymous_id,
-        sent_at=_time(raw, "sentAt"),
-        event=_string(raw, "event"),
-        name=_string(raw, "name"),
-        category=_string(raw, "category"),
-        group_id=_identifier(raw, "groupId"),
-        previous_id=_identifier(raw, "previousId"),
-        properties=_object(raw, "properties"),
-        traits=_object(raw, "traits"),
-        context=_object(raw, "context"),
-        integrations=_integrations(raw),
+    # Written out field by field: this runs for every call on every path (the ingestion API,
+    # the client library), and most fields are absent; a helper runs only for a present one.
+    get = raw.get
+    user_id = get("userId")
+    if user_id is not None:
+        user_id = _identifier(user_id, "userId")
+    anonymous_id = get("anonymousId")
+    if anonymous_id is not None:
+        anonymous_id = _identifier(anonymous_id, "anonymousId")
+    timestamp = get("timestamp")
+    if timestamp is not None:
+        timestamp = _time(timestamp, "timestamp")
+    message_id = get("messageId")
+    if message_id is not None:
+        message_id = _identifier(message_id, "messageId")
+    sent_at = get("sentAt")
+    if sent_at is not None:
+        sent_at = _time(sent_at, "sentAt")
+    event = get("event")
+    if event is not None:
+        event = _string(event, "event")
+    name = get("name")
+    if name is not None:
+        name = _string(name, "name")
+    category = get("category")
+    if category is not None:
+        category = _string(category, "category")
+    group_id = get("groupId")
+    if group_id is not None:
+        group_id = _identifier(group_id, "groupId")
+    previous_id = get("previousId")
+    if previous_id is not None:
+        previous_id = _identifier(previous_id, "previousId")
+    properties = get("properties")
+    if properties is not None:
+        properties = _object(properties, "properties")
+    traits = get("traits")
+    if traits is not None:
+        traits = _object(traits, "traits")
+    context = get("context")
+    if context is not None:
+        context = _object(context, "context")
+    integrations = get("integrations")
+    if integrations is not None:
+        integrations = _integrations(integrations)
+    call = _new_call(
+        (
+            kind,
+            message_id or new_message_id(),
+            source_id,
+            received_at if timestamp is None else timestamp,
+            received_at,
+            user_id,
+            anonymous_id,
+            sent_at,
+            event,
+            name,
+            category,
+            group_id,
+            previous_id,
+            properties,
+            traits,
+            context,
+            integrations,
+        )
     )
     _check_required(call)
     return call

@@ -391,3 +391,54 @@ def test_size_is_checked_before_the_fields() -> None:
     big = {"type": "nope", "properties": {"pad": "x" * MAX_CALL_BYTES}}
     with pytest.raises(CallTooLarge):
         parse(big)
+
+
+# ---- message ids -----------------------------------------------------------------------------
+
+
+def test_generated_message_ids_are_version_4_uuids() -> None:
+    from pipeline._calls import new_message_id
+
+    for _ in range(600):  # more than one batch
+        text = new_message_id()
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+def test_generated_message_ids_are_unique_across_threads() -> None:
+    import threading
+
+    from pipeline._calls import new_message_id
+
+    seen: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        out.extend(new_message_id() for _ in range(5000))
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in seen]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [text for out in seen for text in out]
+    assert len(set(every)) == len(every) == 20000
+
+
+def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
+    import os
+
+    from pipeline._calls import new_message_id
+
+    new_message_id()  # a batch is now half used in the parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: write its next ids and leave at once
+        os.write(write, ",".join(new_message_id() for _ in range(10)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split(","))
+    parent = {new_message_id() for _ in range(10)}
+    assert len(child) == 10
+    assert not child & parent
