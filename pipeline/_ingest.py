@@ -622,8 +622,11 @@ class _IngestService:
             if refused.code is not ErrorCode.KAFKA_UNAVAILABLE:
                 log.debug("refused %s: %s", request.path, refused.message)
             return refused.response(self.options.retry_after)
-        for call in calls:
-            self._ingested[call.type].inc()
+        per_type: dict[CallType, int] = {}
+        for call in calls:  # one counter update per type, not per call
+            per_type[call.type] = per_type.get(call.type, 0) + 1
+        for call_type, count in per_type.items():
+            self._ingested[call_type].inc(count)
         return web.Response(body=_SUCCESS, content_type="application/json")
 
     async def _accept(self, request: web.Request, kind: str) -> list[Call]:

@@ -21,13 +21,12 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._timestamps import now_ms
 from . import _metrics as client_metrics
 from ._batches import split_batches
 from ._client import OnError
 from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
-from ._messages import UNRESOLVED_SOURCE, Queued, build_message, prepare
+from ._messages import UNRESOLVED_SOURCE, Queued, prepare
 from ._methods import CallMethods
 from ._options import DEFAULT_ENDPOINT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
 from ._transports import AsyncHttpTransport, AsyncKafkaTransport, AsyncTransport
@@ -79,6 +78,7 @@ class AsyncClient(CallMethods):
         if debug or (debug is None and debug_requested()):
             enable_debug_logging()
         self._source_id = source_id or UNRESOLVED_SOURCE
+        self._keep_call = self.options.transport == "kafka"  # the HTTP transport sends bytes
         self._own_transport = transport is None
         self._transport: AsyncTransport | None = transport
         if transport is None and self.options.transport == "kafka":
@@ -114,7 +114,7 @@ class AsyncClient(CallMethods):
     def flush_after(self) -> float:
         return self.options.flush_after
 
-    def _enqueue(self, call_type: str, **fields: Any) -> None:
+    def _enqueue(self, message: dict[str, Any], now: int) -> None:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -122,13 +122,8 @@ class AsyncClient(CallMethods):
                 "AsyncClient calls must be made from a coroutine on its event loop; "
                 "use Client from threads and synchronous code"
             ) from None
-        now = now_ms()
-        message = build_message(call_type, now=now, **fields)
         item = prepare(
-            message,
-            event_time=now,
-            source_id=self._source_id,
-            keep_call=self.options.transport == "kafka",
+            message, event_time=now, source_id=self._source_id, keep_call=self._keep_call
         )
         if self._closed or len(self._queue) >= self.options.max_queue_size:
             self.dropped += 1
@@ -150,7 +145,7 @@ class AsyncClient(CallMethods):
             self._ensure_task()
             self._wake.set()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("queued %s %s (%d waiting)", call_type, message["messageId"], waiting)
+            log.debug("queued %s %s (%d waiting)", message["type"], message["messageId"], waiting)
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():

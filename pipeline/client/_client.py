@@ -32,12 +32,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._timestamps import now_ms
 from . import _metrics as client_metrics
 from ._batches import split_batches
 from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
-from ._messages import UNRESOLVED_SOURCE, Queued, build_message, prepare
+from ._messages import UNRESOLVED_SOURCE, Queued, prepare
 from ._methods import CallMethods
 from ._options import DEFAULT_ENDPOINT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
 from ._transports import HttpTransport, KafkaTransport, Transport
@@ -135,6 +134,7 @@ class Client(CallMethods):
             enable_debug_logging()
         self._given_transport = transport
         self._source_id = source_id or UNRESOLVED_SOURCE
+        self._keep_call = self.options.transport == "kafka"  # the HTTP transport sends bytes
         self._closed = False
         self._drop_warnings = DropWarnings()
         self._init_state()
@@ -199,14 +199,9 @@ class Client(CallMethods):
 
     # ---- the calls (identify, track, ... come from CallMethods) ---------------------------------
 
-    def _enqueue(self, call_type: str, **fields: Any) -> None:
-        now = now_ms()
-        message = build_message(call_type, now=now, **fields)
+    def _enqueue(self, message: dict[str, Any], now: int) -> None:
         item = prepare(
-            message,
-            event_time=now,
-            source_id=self._source_id,
-            keep_call=self.options.transport == "kafka",
+            message, event_time=now, source_id=self._source_id, keep_call=self._keep_call
         )
         refused: Exception | None = None
         cond = self._cond
@@ -232,7 +227,9 @@ class Client(CallMethods):
                 ).inc()
         if refused is None:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("queued %s %s (%d waiting)", call_type, message["messageId"], waiting)
+                log.debug(
+                    "queued %s %s (%d waiting)", message["type"], message["messageId"], waiting
+                )
             return
         self._drop_warnings.dropped(refused)
         self._report(refused, [item])

@@ -81,6 +81,7 @@ def _timestamp(value: datetime | str | None, field: str = "timestamp") -> str | 
 
 def build_message(
     call_type: str,
+    now: int | None = None,
     *,
     user_id: str | int | None = None,
     anonymous_id: str | int | None = None,
@@ -95,9 +96,9 @@ def build_message(
     category: str | None = None,
     group_id: str | int | None = None,
     previous_id: str | int | None = None,
-    now: int | None = None,
 ) -> dict[str, Any]:
-    """The message in Segment's format (camelCase keys, only the fields given).
+    """The message in Segment's format (camelCase keys, only the fields given), made at ``now``
+    (epoch ms; default: now).
 
     Without ``timestamp`` the call time goes out as ``originalTimestamp``: the server turns it into
     ``timestamp`` correcting for clock skew (Segment's rule), so batching does not shift the time a
@@ -107,20 +108,28 @@ def build_message(
         "type": call_type,
         "messageId": message_id if message_id is not None else new_message_id(),
     }
-    for key, value in (
-        ("userId", user_id),
-        ("anonymousId", anonymous_id),
-        ("event", event),
-        ("name", name),
-        ("category", category),
-        ("groupId", group_id),
-        ("previousId", previous_id),
-        ("properties", properties),
-        ("traits", traits),
-        ("integrations", integrations),
-    ):
-        if value is not None:
-            message[key] = value
+    # One test per field rather than a loop over pairs: this runs once per call, in the caller's
+    # thread.
+    if user_id is not None:
+        message["userId"] = user_id
+    if anonymous_id is not None:
+        message["anonymousId"] = anonymous_id
+    if event is not None:
+        message["event"] = event
+    if name is not None:
+        message["name"] = name
+    if category is not None:
+        message["category"] = category
+    if group_id is not None:
+        message["groupId"] = group_id
+    if previous_id is not None:
+        message["previousId"] = previous_id
+    if properties is not None:
+        message["properties"] = properties
+    if traits is not None:
+        message["traits"] = traits
+    if integrations is not None:
+        message["integrations"] = integrations
     if timestamp is not None:
         message["timestamp"] = _timestamp(timestamp)
     else:

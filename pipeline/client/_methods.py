@@ -16,11 +16,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from .._timestamps import now_ms
+from ._messages import build_message
+
 __all__ = ["CallMethods"]
 
 
 class CallMethods:
-    def _enqueue(self, call_type: str, **fields: Any) -> None:
+    def _enqueue(self, message: dict[str, Any], now: int) -> None:
+        """Validate, encode and queue ``message``, made at ``now`` (epoch ms)."""
         raise NotImplementedError
 
     def identify(
@@ -34,15 +38,20 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "identify",
-            user_id=user_id,
-            anonymous_id=anonymous_id,
-            traits=traits,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "identify",
+                now,
+                user_id=user_id,
+                anonymous_id=anonymous_id,
+                traits=traits,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
 
     def track(
@@ -57,16 +66,21 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "track",
-            user_id=user_id,
-            anonymous_id=anonymous_id,
-            event=event,
-            properties=properties,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "track",
+                now,
+                user_id=user_id,
+                anonymous_id=anonymous_id,
+                event=event,
+                properties=properties,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
 
     def page(
@@ -82,17 +96,22 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "page",
-            user_id=user_id,
-            anonymous_id=anonymous_id,
-            name=name,
-            category=category,
-            properties=properties,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "page",
+                now,
+                user_id=user_id,
+                anonymous_id=anonymous_id,
+                name=name,
+                category=category,
+                properties=properties,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
 
     def screen(
@@ -108,17 +127,22 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "screen",
-            user_id=user_id,
-            anonymous_id=anonymous_id,
-            name=name,
-            category=category,
-            properties=properties,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "screen",
+                now,
+                user_id=user_id,
+                anonymous_id=anonymous_id,
+                name=name,
+                category=category,
+                properties=properties,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
 
     def group(
@@ -133,16 +157,21 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "group",
-            user_id=user_id,
-            anonymous_id=anonymous_id,
-            group_id=group_id,
-            traits=traits,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "group",
+                now,
+                user_id=user_id,
+                anonymous_id=anonymous_id,
+                group_id=group_id,
+                traits=traits,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
 
     def alias(
@@ -155,12 +184,17 @@ class CallMethods:
         timestamp: datetime | str | None = None,
         message_id: str | None = None,
     ) -> None:
+        now = now_ms()
         self._enqueue(
-            "alias",
-            user_id=user_id,
-            previous_id=previous_id,
-            context=context,
-            integrations=integrations,
-            timestamp=timestamp,
-            message_id=message_id,
+            build_message(
+                "alias",
+                now,
+                user_id=user_id,
+                previous_id=previous_id,
+                context=context,
+                integrations=integrations,
+                timestamp=timestamp,
+                message_id=message_id,
+            ),
+            now,
         )
