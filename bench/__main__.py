@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench              # everything, ~5 minutes; writes bench/RESULTS.md
     .venv/bin/python -m bench --only 1,3   # some sections (RESULTS.md is not written)
+    BENCH_PROFILE=/tmp/prof .venv/bin/python -m bench --only 2   # py-spy profiles of the workers
 
 Starts its own embedded broker, receivers (``bench._receiver``), workers and ingestion API on
 127.0.0.1 and ends each by PID. Every figure is the median of ``--runs`` runs (≥ 3), and every ratio
@@ -56,6 +57,7 @@ from ._harness import (
     Receiver,
     Worker,
     delivery_records,
+    end_all,
     produce_all,
     rate,
     sample_request,
@@ -84,7 +86,6 @@ class Bench:
     quick: bool
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    solo: list[float] = field(default_factory=list)  # section 1's events/s, for section 3
     timings: dict[str, float] = field(default_factory=dict)
 
     def n(self, full: int) -> int:
@@ -154,7 +155,6 @@ def section_e2e(bench: Bench) -> None:
         worker.stop()
         naive.stop()
         receiver.stop()
-    bench.solo = ours
     vs_raw = [o / r for o, r in zip(ours, raw, strict=True)]
     vs_naive = [o / p for o, p in zip(ours, plain, strict=True)]
     bench.rows += [
@@ -249,6 +249,7 @@ def section_hang(bench: Bench) -> None:
     deployment.apply(
         {
             "warm": [("warm-healthy", [healthy.url()])],
+            "alone": [("healthy-alone", [healthy.url()])],
             # Every call makes two delivery records: the healthy one, and one to the neighbour.
             "hang": [("healthy", [healthy.url()]), ("hanging", [hanging.url()])],
             "pair": [("healthy-2", [healthy.url()]), ("other", [other.url()])],
@@ -261,13 +262,14 @@ def section_hang(bench: Bench) -> None:
         # learns only from timeouts. Later runs see the steady state (circuit open, probes).
         onset = pipeline_rate(healthy, deployment, "hang", calls)
         log(f"3 onset: healthy {onset:,.0f}/s")
-        beside_hang, beside_healthy = [], []
+        beside_hang, beside_healthy, solo = [], [], []
         for run in range(bench.runs):
+            solo.append(pipeline_rate(healthy, deployment, "alone", calls))
             beside_healthy.append(pipeline_rate(healthy, deployment, "pair", calls))
             beside_hang.append(pipeline_rate(healthy, deployment, "hang", calls))
             log(
                 f"3 run {run + 1}: healthy beside hanging {beside_hang[-1]:,.0f}/s, "
-                f"beside healthy {beside_healthy[-1]:,.0f}/s"
+                f"beside healthy {beside_healthy[-1]:,.0f}/s, alone {solo[-1]:,.0f}/s"
             )
         hung = hanging.stats()["requests"]
     finally:
@@ -275,9 +277,8 @@ def section_hang(bench: Bench) -> None:
         healthy.stop()
         other.stop()
         hanging.stop()
-    solo = bench.solo or [float("nan")] * len(beside_hang)
     isolation = [h / p for h, p in zip(beside_hang, beside_healthy, strict=True)]
-    alone = [h / s for h, s in zip(beside_hang, solo, strict=False)]
+    alone = [h / s for h, s in zip(beside_hang, solo, strict=True)]
     bench.rows += [
         Row(
             "3",
@@ -291,12 +292,13 @@ def section_hang(bench: Bench) -> None:
         ),
         Row(
             "3",
-            "… the same against the destination alone (section 1: half the work per call)",
+            "… the same against the destination alone (half the work per call)",
             fmt(median(beside_hang)),
-            f"alone (1): {fmt(median(solo))}",
+            f"alone, same worker: {fmt(median(solo))}",
             fmt(median(alone)),
             "≥ 0.9 (as written)",
             median(alone) >= 0.9,
+            [f"{h:,.0f}/{s:,.0f}" for h, s in zip(beside_hang, solo, strict=True)],
         ),
         Row(
             "3",
@@ -512,7 +514,7 @@ def section_ingest(bench: Bench) -> None:
 
 
 SECTIONS: dict[str, Callable[[Bench], None]] = {
-    "1": section_e2e,  # also 8; must run before 3 (its solo figure)
+    "1": section_e2e,  # also 8
     "3": section_hang,
     "2": section_slow,
     "6": section_retry,
@@ -622,6 +624,8 @@ def main() -> None:
             except Exception as exc:  # keep going: the table shows what failed
                 traceback.print_exc()
                 bench.rows.append(Row(key, f"section {key} failed", f"{type(exc).__name__}: {exc}"))
+            finally:
+                end_all()
             bench.timings[key] = time.monotonic() - begun
     text = report(bench, started, load)
     print(table(bench.rows))

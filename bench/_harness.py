@@ -44,6 +44,7 @@ class Receiver:
         if log:
             command.append("--log")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        _STARTED.append(self.process)
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
         self.mode = mode
@@ -76,7 +77,20 @@ class Receiver:
         _end(self.process)
 
 
+#: Every process the bench started and has not ended yet: a failed section's leftovers are ended
+#: by ``end_all`` (by PID, never by name).
+_STARTED: list[subprocess.Popen[Any]] = []
+
+
+def end_all() -> None:
+    """End what a section left running (it failed before its own ``finally``)."""
+    while _STARTED:
+        _end(_STARTED.pop())
+
+
 def _end(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    if process in _STARTED:
+        _STARTED.remove(process)
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -247,17 +261,47 @@ class Worker:
         self.name = name
         self.log_path = LOG_DIR / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
+        command = [sys.executable, "-m", module, *role.split()]
+        profile_dir = os.environ.get("BENCH_PROFILE")
+        if profile_dir:  # py-spy samples the process (GIL holder only); raw stacks for flame graphs
+            output = Path(profile_dir) / f"{name}.txt"
+            spy = Path(sys.executable).parent / "py-spy"
+            command = [
+                str(spy),
+                "record",
+                "--gil",
+                "-r",
+                "200",
+                "-f",
+                "raw",
+                "-o",
+                str(output),
+                "--",
+                *command,
+            ]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *role.split()],
+            command,
             env=env,
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+        _STARTED.append(self.process)
+        self._profiled = bool(profile_dir)
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        """The Python process's PID (under ``BENCH_PROFILE``, py-spy's child)."""
+        if not self._profiled:
+            return self.process.pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+            found = children.read_text().split() if children.exists() else []
+            if found:
+                return int(found[0])
+            time.sleep(0.05)
+        raise RuntimeError(f"py-spy started no process for {self.name}")
 
     def memory_mb(self) -> tuple[float, float]:
         """(current RSS, peak RSS) in MB from /proc (VmRSS, VmHWM)."""
@@ -276,6 +320,12 @@ class Worker:
         return self.process.poll() is None
 
     def stop(self) -> None:
+        if self._profiled and self.alive():  # py-spy writes its profile once its child exits
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
         _end(self.process, grace=20.0)
         self._log.close()
 

@@ -144,8 +144,14 @@ def _queue_only(url: str, calls: int) -> tuple[float, float]:
     from segment.analytics import Client as SegmentClient
 
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: the calls are thrown away
-    ours = Client(WRITE_KEY, endpoint=nowhere, flush_at=calls + 1, flush_after=3600,
-                  max_queue_size=calls + 1, max_retries=0)
+    ours = Client(
+        WRITE_KEY,
+        endpoint=nowhere,
+        flush_at=calls + 1,
+        flush_after=3600,
+        max_queue_size=calls + 1,
+        max_retries=0,
+    )
     ours_us = _loop(ours, calls)
     ours.close(timeout=0.5)
     segment = SegmentClient(WRITE_KEY, host=url, send=False)
@@ -206,9 +212,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(url)
-            result = asyncio.run(
-                _api_throughput(url, args.requests, args.batch, args.concurrency)
-            )
+            result = asyncio.run(_api_throughput(url, args.requests, args.batch, args.concurrency))
             print(
                 f"ingestion API, one process: {result['calls_per_s']:,.0f} calls/s "
                 f"({result['requests_per_s']:,.0f} requests/s of {args.batch} calls, "
