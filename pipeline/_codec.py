@@ -93,7 +93,7 @@ class Codec:
 
     def _add(self, schema: dict[str, Any], *, current: bool) -> Any:
         named = self._named if current else dict(self._named)
-        parsed = fastavro.parse_schema(schema, named_schemas=named)
+        parsed: dict[str, Any] = fastavro.parse_schema(schema, named_schemas=named)  # type: ignore[assignment]
         fingerprint = _fingerprint(parsed)
         self._writers[fingerprint] = parsed
         if current:

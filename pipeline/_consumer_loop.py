@@ -57,10 +57,14 @@ class _Partition:
 class Taken:
     """A record taken for processing; hand it back to ``ConsumerLoop.finish`` when durable."""
 
-    __slots__ = ("message", "_partition", "_generation")
+    __slots__ = ("message", "key", "offset", "_partition", "_generation")
 
-    def __init__(self, message: Message, partition: _Partition) -> None:
+    def __init__(
+        self, message: Message, key: tuple[str, int], offset: int, partition: _Partition
+    ) -> None:
         self.message = message
+        self.key = key  # (topic, partition), read once from the message
+        self.offset = offset
         self._partition = partition
         self._generation = partition.generation
 
@@ -115,10 +119,9 @@ class ConsumerLoop:
         partition = taken._partition
         if partition.generation != taken._generation:
             return  # revoked: the new owner consumes the record again
-        key = (taken.message.topic(), taken.message.partition())
-        if self._partitions.get(key) is not partition:
+        if self._partitions.get(taken.key) is not partition:
             return
-        partition.offsets.finish(taken.message.offset())
+        partition.offsets.finish(taken.offset)
         self._in_flight -= 1
         self._gauge.dec()
         if self._in_flight < self._max_in_flight:
@@ -126,16 +129,15 @@ class ConsumerLoop:
 
     def defer(self, taken: Taken, until: float) -> None:
         """Do not process ``taken`` (and what follows it in its partition) before ``until``."""
-        message = taken.message
-        key = (message.topic(), message.partition())
+        key, offset = taken.key, taken.offset
         partition = self._partitions.get(key)
         if partition is None or partition is not taken._partition:
             return
         if partition.generation == taken._generation:
-            self._forget_from(partition, message.offset())
+            self._forget_from(partition, offset)
         partition.paused_until = until
-        partition.resume_offset = message.offset()
-        self._run_on_consumer(self._pause_and_seek, key, message.offset())
+        partition.resume_offset = offset
+        self._run_on_consumer(self._pause_and_seek, key, offset)
         loop = self._require_loop()
         if partition.resume_handle is not None:
             partition.resume_handle.cancel()
@@ -179,18 +181,21 @@ class ConsumerLoop:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("%s: consume error: %s", self.handler.role, error.str())
                 continue
-            key = (message.topic(), message.partition())
+            topic, partition_id, offset = message.topic(), message.partition(), message.offset()
+            # A consumed record always has all three; the client's types say "or None".
+            assert topic is not None and partition_id is not None and offset is not None
+            key = (topic, partition_id)
             partition = self._partitions.get(key)
             if partition is None:
                 partition = self._partitions[key] = _Partition()
             if partition.paused_until is not None:
                 # librdkafka forgot our pause (it does across rebalances): apply it again.
                 assert partition.resume_offset is not None
-                if message.offset() >= partition.resume_offset:
+                if offset >= partition.resume_offset:
                     self._run_on_consumer(self._pause_and_seek, key, partition.resume_offset)
                     continue
-            partition.offsets.add(message.offset())
-            batch.append(Taken(message, partition))
+            partition.offsets.add(offset)
+            batch.append(Taken(message, key, offset, partition))
         if batch:
             self._in_flight += len(batch)
             self._gauge.inc(len(batch))

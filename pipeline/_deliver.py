@@ -85,7 +85,7 @@ class DeliveryHandler:
         deferred: set[tuple[str, int]] = set()
         for taken in batch:
             message = taken.message
-            key = (message.topic(), message.partition())
+            key = taken.key
             if key in deferred:
                 continue  # the loop sought back; these come again after the pause
             try:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from ._exceptions import BrokerUnavailable
 from ._settings import Settings
@@ -77,6 +77,14 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     return config
 
 
+def _admin_config(settings: Settings, error_cb: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "error_cb": error_cb,
+        "logger": rdkafka_log,
+    }
+
+
 def make_producer(settings: Settings, **overrides: Any) -> Producer:
     return Producer(producer_config(settings, **overrides))
 
@@ -109,13 +117,7 @@ def create_topics(
     Idempotent: a topic that exists is left as it is (its partition count is reported when it
     differs, never changed).
     """
-    admin = AdminClient(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "error_cb": _log_error,
-            "logger": rdkafka_log,
-        }
-    )
+    admin = AdminClient(_admin_config(settings, _log_error))
     wanted = list(specs) if specs is not None else topic_specs(settings)
     result: dict[str, str] = {}
     futures = admin.create_topics(wanted, operation_timeout=timeout, request_timeout=timeout)
@@ -143,13 +145,7 @@ def create_topics(
 def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
     """Return once the cluster answers a metadata request; ``BrokerUnavailable`` after timeout."""
     deadline = time.monotonic() + timeout
-    admin = AdminClient(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "error_cb": lambda e: None,
-            "logger": rdkafka_log,
-        }
-    )
+    admin = AdminClient(_admin_config(settings, lambda _error: None))
     last = ""
     while time.monotonic() < deadline:
         try:

@@ -20,7 +20,7 @@ class _HasQueue(Protocol):
     def queued(self) -> int: ...
 
 
-_clients: weakref.WeakSet[_HasQueue] = weakref.WeakSet()  # type: ignore[type-var]
+_clients: weakref.WeakSet[_HasQueue] = weakref.WeakSet()
 
 QUEUE_DEPTH = Gauge(
     "pipeline_client_queue_depth", "Calls queued in this process's pipeline.client clients."
