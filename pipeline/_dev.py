@@ -23,6 +23,7 @@ from aiohttp import web
 from ._broker import EmbeddedBroker
 from ._config import validate_config
 from ._config_store import apply_config, load_table
+from ._gc import tune_for_throughput
 from ._ingest import start_ingest
 from ._kafka import create_topics, wait_for_broker
 from ._net import free_port_or
@@ -232,6 +233,7 @@ def run_dev(
         # The demo receiver is on loopback, which the SSRF guard blocks by default.
         allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
     )
+    tune_for_throughput()
     asyncio.run(
         _dev(
             settings,

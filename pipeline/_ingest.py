@@ -50,6 +50,7 @@ from ._codec import RecordCodec
 from ._config_store import ConfigFollower
 from ._durations import parse_duration
 from ._exceptions import BrokerUnavailable, CallTooLarge, InvalidCall
+from ._gc import tune_for_throughput
 from ._kafka import make_producer, topics_for, wait_for_broker
 from ._producer import AsyncProducer, Outgoing
 from ._records import call_to_record
@@ -877,6 +878,7 @@ def run_ingest(
         options.ack_timeout,
     )
     started = time.monotonic()
+    tune_for_throughput()
     web.run_app(
         make_ingest_app(settings, options),
         host=host,

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from ._config_store import ConfigFollower
 from ._consumer_loop import ConsumerLoop
 from ._deliver import DeliveryHandler
+from ._gc import tune_for_throughput
 from ._kafka import topics_for
 from ._producer import AsyncProducer
 from ._registry_codec import make_codec
@@ -108,4 +109,5 @@ def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_roles(settings, roles, stop)
 
+    tune_for_throughput()
     asyncio.run(main())
