@@ -44,7 +44,7 @@ class Receiver:
         if log:
             command.append("--log")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        _STARTED.append(self.process)
+        _STARTED.append(self)
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
         self.mode = mode
@@ -74,23 +74,32 @@ class Receiver:
         return [tuple(a) for a in self._get("/__arrivals")]  # type: ignore[misc]
 
     def stop(self) -> None:
+        _forget(self)
         _end(self.process)
 
 
-#: Every process the bench started and has not ended yet: a failed section's leftovers are ended
-#: by ``end_all`` (by PID, never by name).
-_STARTED: list[subprocess.Popen[Any]] = []
+#: Every receiver and worker the bench started and has not stopped yet: a failed section's
+#: leftovers are stopped by ``end_all`` (by PID, never by name).
+_STARTED: list[Receiver | Worker] = []
 
 
 def end_all() -> None:
-    """End what a section left running (it failed before its own ``finally``)."""
+    """Stop what a section left running (it failed before its own ``finally``)."""
     while _STARTED:
-        _end(_STARTED.pop())
+        started = _STARTED[-1]
+        try:
+            started.stop()  # forgets it
+        except Exception as exc:  # noqa: BLE001 - keep ending the others
+            print(f"could not stop {started}: {exc}", file=sys.stderr)
+        _forget(started)
+
+
+def _forget(started: Receiver | Worker) -> None:
+    if started in _STARTED:
+        _STARTED.remove(started)
 
 
 def _end(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    if process in _STARTED:
-        _STARTED.remove(process)
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -286,7 +295,7 @@ class Worker:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        _STARTED.append(self.process)
+        _STARTED.append(self)
         self._profiled = bool(profile_dir)
 
     @property
@@ -320,6 +329,7 @@ class Worker:
         return self.process.poll() is None
 
     def stop(self) -> None:
+        _forget(self)
         if self._profiled and self.alive():  # py-spy writes its profile once its child exits
             os.kill(self.pid, signal.SIGTERM)
             try:
