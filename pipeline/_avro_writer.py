@@ -55,26 +55,22 @@ def _varint(out: bytearray, value: int) -> None:
     out.append(n)
 
 
-def _write_long(out: bytearray, value: Any) -> None:
-    if type(value) is not int:
-        raise TypeError(f"a long must be an int, got {type(value).__name__}")
-    if 0 <= value < 64:
-        out += _SMALL[value]
-    elif _LONG_MIN <= value <= _LONG_MAX:
-        _varint(out, value)
-    else:
-        raise OverflowError(f"{value} does not fit in an Avro long")
+def _integer_writer(kind: str, low: int, high: int) -> Writer:
+    def write_integer(out: bytearray, value: Any) -> None:
+        if type(value) is not int:
+            raise TypeError(f"an Avro {kind} must be an int, got {type(value).__name__}")
+        if 0 <= value < 64:
+            out += _SMALL[value]
+        elif low <= value <= high:
+            _varint(out, value)
+        else:
+            raise OverflowError(f"{value} does not fit in an Avro {kind}")
+
+    return write_integer
 
 
-def _write_int(out: bytearray, value: Any) -> None:
-    if type(value) is not int:
-        raise TypeError(f"an int must be an int, got {type(value).__name__}")
-    if 0 <= value < 64:
-        out += _SMALL[value]
-    elif _INT_MIN <= value <= _INT_MAX:
-        _varint(out, value)
-    else:
-        raise OverflowError(f"{value} does not fit in an Avro int")
+_write_long = _integer_writer("long", _LONG_MIN, _LONG_MAX)
+_write_int = _integer_writer("int", _INT_MIN, _INT_MAX)
 
 
 def _write_bytes(out: bytearray, value: Any) -> None:
