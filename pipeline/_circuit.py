@@ -61,6 +61,20 @@ class CircuitBreaker:
         self._probing = True
         return True
 
+    def refuses(self) -> bool:
+        """Would ``allow()`` refuse now? Asked without changing the state (no probe is taken).
+
+        >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, clock=lambda: 0.0)
+        >>> breaker.refuses(); breaker.record(ok=False); breaker.refuses(), breaker.allow()
+        False
+        (True, False)
+        """
+        if self.state is CircuitState.CLOSED:
+            return False
+        if self.state is CircuitState.OPEN:
+            return self._clock() - self._opened_at < self.cool_down
+        return self._probing
+
     def record(self, *, ok: bool) -> None:
         """The outcome of a request: ``ok`` for a success, else a retryable failure."""
         if ok:

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import _metrics as metrics
 from ._codec import Codec, RecordCodec
+from ._config import Destination
 from ._config_store import ConfigFollower
 from ._consumer_loop import ConsumerLoop, Taken
 from ._dead_letters import dead_letter
@@ -38,7 +39,6 @@ from ._settings import Settings
 from ._topics import Topics
 
 __all__ = ["DeliveryHandler", "HOLD_SECONDS"]
-
 log = logging.getLogger("pipeline.deliver")
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
@@ -83,31 +83,53 @@ class DeliveryHandler:
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
         now = time.time()
         deferred: set[tuple[str, int]] = set()
-        for taken in batch:
-            message = taken.message
-            key = taken.key
-            if key in deferred:
-                continue  # the loop sought back; these come again after the pause
-            try:
-                record = self._codec.decode("Delivery", message.value())
-            except SchemaRegistryUnavailable as exc:
-                self._give_up(exc)
-                return
-            except UndecodableRecord as exc:
-                letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
-                self._spawn(self._hand_off(taken, loop, [self._dlq(letter)]))
-                continue
-            not_before = record["notBefore"] / 1000
-            if not_before > now:
-                if not_before - now <= HOLD_SECONDS:
-                    self._spawn(self._process_when_due(taken, record, loop, not_before))
+        # Records decided without a request (undecodable, destination gone, deadline passed,
+        # every circuit open) are handed off together: one produce and one wait for the batch,
+        # not a task, a future and a wake-up each. A hanging destination's records take this path
+        # once its circuit is open, so they cost its healthy neighbours little.
+        decided: list[tuple[Taken, list[Outgoing]]] = []
+        try:
+            for taken in batch:
+                message = taken.message
+                key = taken.key
+                if key in deferred:
+                    continue  # the loop sought back; these come again after the pause
+                try:
+                    record = self._codec.decode("Delivery", message.value())
+                except UndecodableRecord as exc:
+                    letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
+                    decided.append((taken, [self._dlq(letter)]))
                     continue
-                # Pause the partition; resume a little early so the head is then held here and
-                # attempted on time (a resume costs a fetch round trip).
-                loop.defer(taken, not_before - HOLD_SECONDS)
-                deferred.add(key)
-                continue
-            self._spawn(self._process(taken, record, loop))
+                not_before = record["notBefore"] / 1000
+                if not_before > now:
+                    if not_before - now <= HOLD_SECONDS:
+                        self._spawn(self._process_when_due(taken, record, loop, not_before))
+                        continue
+                    # Pause the partition; resume a little early so the head is then held here
+                    # and attempted on time (a resume costs a fetch round trip).
+                    loop.defer(taken, not_before - HOLD_SECONDS)
+                    deferred.add(key)
+                    continue
+                try:
+                    out = self._prepare(taken, record, now)
+                    if not isinstance(out, list):
+                        destination, final = out
+                        results = None if final else self._sender.refused_by_circuits(destination)
+                        if results is None:  # a request to make: a task of its own
+                            prepared = (destination, final, now)
+                            self._spawn(self._process(taken, record, loop, prepared))
+                            continue
+                        out = self._conclude(taken, record, results, now, now)
+                except SchemaRegistryUnavailable:
+                    raise
+                except Exception as exc:  # a bug must neither lose the record nor stall it
+                    out = self._internal_error(taken, record, exc)
+                decided.append((taken, out))
+        except SchemaRegistryUnavailable as exc:
+            self._give_up(exc)  # nothing of this batch is finished: a restart delivers it
+            return
+        if decided:
+            self._spawn(self._hand_off_all(decided, loop))
 
     def _give_up(self, exc: BaseException) -> None:
         """Not a record's fault (the Schema Registry is down): stop the worker, finish nothing."""
@@ -130,9 +152,26 @@ class DeliveryHandler:
         key = (letter["delivery"] or {}).get("destinationId", "").encode() or None
         return (self._topics.dlq, key, self._codec.encode("DeadLetter", letter))
 
-    async def _hand_off(self, taken: Taken, loop: ConsumerLoop, records: list[Outgoing]) -> None:
+    async def _hand_off_all(
+        self, decided: list[tuple[Taken, list[Outgoing]]], loop: ConsumerLoop
+    ) -> None:
+        records = [record for _, out in decided for record in out]
         await self._producer.send_all_until_acked(records, self._stop)
-        loop.finish(taken)
+        for taken, _ in decided:
+            loop.finish(taken)
+
+    def _internal_error(
+        self, taken: Taken, record: dict[str, Any], exc: Exception
+    ) -> list[Outgoing]:
+        """The dead letter of a record a bug stopped (called in the ``except`` block)."""
+        log.exception("%s: unexpected error on %s", self.role, record.get("messageId"))
+        letter = dead_letter(
+            DeadLetterReason.INTERNAL_ERROR,
+            taken.message,
+            delivery=record,
+            detail=f"{type(exc).__name__}: {exc}",
+        )
+        return [self._dlq(letter)]
 
     async def _process_when_due(
         self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop, not_before: float
@@ -141,30 +180,55 @@ class DeliveryHandler:
             await asyncio.sleep(wait)
         await self._process(taken, record, loop)
 
-    async def _process(self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop) -> None:
+    async def _process(
+        self,
+        taken: Taken,
+        record: dict[str, Any],
+        loop: ConsumerLoop,
+        prepared: tuple[Destination, bool, float] | None = None,
+    ) -> None:
         try:
-            out = await self._attempt(taken, record)
+            out = await self._attempt(taken, record, prepared)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
-            log.exception("%s: unexpected error on %s", self.role, record.get("messageId"))
-            out = [
-                self._dlq(
-                    dead_letter(
-                        DeadLetterReason.INTERNAL_ERROR,
-                        taken.message,
-                        delivery=record,
-                        detail=f"{type(exc).__name__}: {exc}",
-                    )
-                )
-            ]
+            out = self._internal_error(taken, record, exc)
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
         loop.finish(taken)
 
-    async def _attempt(self, taken: Taken, record: dict[str, Any]) -> list[Outgoing]:
-        """Attempt the delivery; return the hand-off to produce (empty when delivered)."""
+    async def _attempt(
+        self,
+        taken: Taken,
+        record: dict[str, Any],
+        prepared: tuple[Destination, bool, float] | None = None,
+    ) -> list[Outgoing]:
+        """Attempt the delivery; return the hand-off to produce (empty when delivered).
+
+        ``prepared``: what ``_prepare`` already said (destination, final attempt, at).
+        """
+        if prepared is None:  # a held record, now due: the same checks as in handle()
+            now = time.time()
+            before = self._prepare(taken, record, now)
+            if isinstance(before, list):
+                return before
+            destination, final = before
+            refused = None if final else self._sender.refused_by_circuits(destination)
+            if refused is not None:
+                return self._conclude(taken, record, refused, now, now)
+        else:
+            destination, final, now = prepared
+        results = await self._sender.attempt(
+            destination, record["body"], record["messageId"], final=final
+        )
+        return self._conclude(taken, record, results, now, time.time())
+
+    def _prepare(
+        self, taken: Taken, record: dict[str, Any], now: float
+    ) -> tuple[Destination, bool] | list[Outgoing]:
+        """Steps 1 and 2: the destination and whether this is the record's final attempt, or the
+        dead letter when there is nothing to attempt."""
         message = taken.message
         destination = self._follower.table.destinations.get(record["destinationId"])
         if destination is None or not destination.enabled:
@@ -176,7 +240,6 @@ class DeliveryHandler:
             self._outcomes[Outcome.DEAD_LETTER].inc()
             return [self._dlq(dead_letter(reason, message, delivery=record))]
 
-        now = time.time()
         first = record["firstAttemptAt"]
         if first is not None and not self._schedule.may_attempt(
             first_attempt_at=first / 1000, now=now
@@ -197,10 +260,19 @@ class DeliveryHandler:
         # The last slot before the deadline is a record's final chance: it is always tried, even
         # through an open circuit (which would otherwise dead-letter it without a request).
         final = now >= self._schedule.deadline_at(first / 1000) - self._schedule.margin
-        results = await self._sender.attempt(
-            destination, record["body"], record["messageId"], final=final
-        )
-        finished = time.time()
+        return destination, final
+
+    def _conclude(
+        self,
+        taken: Taken,
+        record: dict[str, Any],
+        results: Sequence[UrlResult],
+        now: float,
+        finished: float,
+    ) -> list[Outgoing]:
+        """Steps 3 and 4 after the attempt (begun at ``now``): the hand-off by outcome."""
+        message = taken.message
+        first = record["firstAttemptAt"]
         decision = decide(results)
         metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
 

@@ -90,6 +90,14 @@ class _Endpoint:
         )
 
 
+def _circuit_open(url: str, endpoint: _Endpoint) -> UrlResult:
+    return UrlResult(
+        url,
+        failure=Failure.CIRCUIT_OPEN,
+        detail=f"not tried: {endpoint.origin} failed repeatedly; circuit open",
+    )
+
+
 class _Target:
     """One webhook URL, worked out once: its endpoint, or why it cannot be requested.
 
@@ -194,6 +202,23 @@ class WebhookSender:
             )
         )
 
+    def refused_by_circuits(self, destination: Destination) -> list[UrlResult] | None:
+        """The results of an attempt at ``destination`` when every webhook's circuit is open:
+        known without waiting for a connection slot, signing or a task. ``None`` when any webhook
+        may be tried (or has another problem the attempt itself reports).
+
+        Asks the breakers without taking a half-open probe, and takes no rate-limit token: no
+        request is made. Not for a record's final attempt, which goes through open circuits.
+        """
+        results = []
+        for hook in destination.webhooks:
+            target = self._targets.get(hook.url) or self._target(hook.url)
+            endpoint = target.endpoint
+            if endpoint is None or not endpoint.breaker.refuses():
+                return None
+            results.append(_circuit_open(hook.url, endpoint))
+        return results
+
     def _target(self, url: str) -> _Target:
         try:
             parts = urlsplit(url)
@@ -225,11 +250,7 @@ class WebhookSender:
             return UrlResult(url, failure=target.failure, detail=target.detail)
         async with endpoint.slots:
             if not final and not endpoint.breaker.allow():
-                return UrlResult(
-                    url,
-                    failure=Failure.CIRCUIT_OPEN,
-                    detail=f"not tried: {endpoint.origin} failed repeatedly; circuit open",
-                )
+                return _circuit_open(url, endpoint)
             result = await self.post(url, headers, body)
         if result.ok:
             endpoint.breaker.record(ok=True)
