@@ -28,7 +28,7 @@ from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
 from ._messages import UNRESOLVED_SOURCE, Queued, prepare
 from ._methods import CallMethods
-from ._options import DEFAULT_ENDPOINT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
+from ._options import DEFAULT_ENDPOINT, DEFAULT_FLUSH_AT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
 from ._transports import AsyncHttpTransport, AsyncKafkaTransport, AsyncTransport
 
 __all__ = ["AsyncClient"]
@@ -41,7 +41,7 @@ class AsyncClient(CallMethods):
         self,
         write_key: str,
         endpoint: str = DEFAULT_ENDPOINT,
-        flush_at: int = 20,
+        flush_at: int = DEFAULT_FLUSH_AT,
         flush_after: float = 5.0,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         on_error: OnError | None = None,
