@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import _metrics as metrics
@@ -52,7 +52,7 @@ from ._durations import parse_duration
 from ._exceptions import BrokerUnavailable, CallTooLarge, InvalidCall
 from ._gc import tune_for_throughput
 from ._kafka import make_producer, topics_for, wait_for_broker
-from ._producer import AsyncProducer, Outgoing
+from ._producer import FATAL_PRODUCER_ERRORS, AsyncProducer, Outgoing
 from ._records import call_to_record
 from ._registry_codec import SchemaRegistryUnavailable, make_codec
 from ._settings import Settings
@@ -97,19 +97,6 @@ _IDENTITY = frozenset({"", "identity"})
 _CHUNK = 64 * 1024
 #: Calls parsed between two yields to the event loop.
 _SLICE = 256
-#: Errors after which an idempotent producer stays broken: it must be replaced.
-_FATAL_PRODUCER_ERRORS = frozenset(
-    KafkaError(code).str()
-    for code in (
-        KafkaError.PRODUCER_FENCED,
-        KafkaError._FATAL,
-        KafkaError._FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-        KafkaError.UNKNOWN_PRODUCER_ID,
-        KafkaError.INVALID_PRODUCER_ID_MAPPING,
-    )
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,7 +569,7 @@ class _IngestService:
             failed = [(records[0], f"no acknowledgement within {timeout:g} s")]
         if not failed:
             return
-        if any(error in _FATAL_PRODUCER_ERRORS for _, error in failed):
+        if any(error in FATAL_PRODUCER_ERRORS for _, error in failed):
             self._replace_producer(producer)
         raise _Refused(
             ErrorCode.KAFKA_UNAVAILABLE,

@@ -18,10 +18,25 @@ from ._exceptions import BrokerUnavailable
 from ._kafka import make_producer
 from ._settings import Settings
 
-__all__ = ["AsyncProducer", "Outgoing"]
+__all__ = ["AsyncProducer", "Outgoing", "FATAL_PRODUCER_CODES", "FATAL_PRODUCER_ERRORS"]
 
 #: (topic, key, value)
 Outgoing = tuple[str, bytes | None, bytes | None]
+
+#: After these an idempotent producer never recovers: it must be replaced by a new one.
+FATAL_PRODUCER_CODES = frozenset(
+    {
+        KafkaError.PRODUCER_FENCED,
+        KafkaError._FATAL,
+        KafkaError._FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+        KafkaError.INVALID_PRODUCER_ID_MAPPING,
+    }
+)
+#: The same errors as ``send_all`` reports them (their text).
+FATAL_PRODUCER_ERRORS = frozenset(KafkaError(code).str() for code in FATAL_PRODUCER_CODES)
 
 
 class _BatchAcks:

@@ -23,7 +23,7 @@ import orjson
 from confluent_kafka import KafkaError, Producer
 
 from .._kafka import producer_config, topics_for
-from .._producer import AsyncProducer
+from .._producer import FATAL_PRODUCER_CODES, FATAL_PRODUCER_ERRORS, AsyncProducer
 from .._records import call_to_record
 from .._registry_codec import make_codec
 from .._settings import Settings
@@ -48,18 +48,6 @@ USER_AGENT = "pipeline-python/0.1.0"
 #: A status worth retrying: the server may answer differently later.
 _RETRYABLE_4XX = frozenset({408, 429})
 _NOT_RETRYABLE_5XX = frozenset({501, 505})
-#: After these an idempotent producer never recovers; a new one is needed.
-_FATAL_PRODUCER_CODES = frozenset(
-    {
-        KafkaError.PRODUCER_FENCED,
-        KafkaError._FATAL,
-        KafkaError._FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-        KafkaError.UNKNOWN_PRODUCER_ID,
-    }
-)
-_FATAL_PRODUCER_TEXTS = frozenset(KafkaError(code).str() for code in _FATAL_PRODUCER_CODES)
 #: Kafka refusals that a retry cannot fix.
 _PERMANENT_KAFKA_CODES = frozenset(
     {
@@ -194,12 +182,26 @@ def kafka_settings(
 
 
 class _KafkaRecords:
-    """Queued messages → (topic, key, Avro value), stamped with the time they are written."""
+    """What both Kafka transports share: their settings and producer config, and the turning of
+    queued messages into (topic, key, Avro value), stamped with the time they are written."""
 
-    def __init__(self, settings: Settings, source_id: str) -> None:
-        self.topic = topics_for(settings).calls
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        source_id: str,
+        topic_prefix: str,
+        timeout: float,
+        config: Mapping[str, Any] | None,
+        schema_registry_url: str | None,
+    ) -> None:
+        self.settings = kafka_settings(bootstrap_servers, topic_prefix, schema_registry_url)
+        self.producer_config = producer_config(
+            self.settings,
+            **{"message.timeout.ms": max(1000, int(timeout * 1000)), **(config or {})},
+        )
+        self.topic = topics_for(self.settings).calls
         self.source_id = source_id
-        self.codec = make_codec(settings)  # Confluent wire format when a registry is set
+        self.codec = make_codec(self.settings)  # Confluent wire format when a registry is set
 
     def records(self, batch: Sequence[Queued]) -> list[tuple[str, bytes, bytes]]:
         now = now_ms()
@@ -231,16 +233,16 @@ class KafkaTransport:
         config: Mapping[str, Any] | None = None,
         schema_registry_url: str | None = None,
     ) -> None:
-        self._settings = kafka_settings(bootstrap_servers, topic_prefix, schema_registry_url)
-        self._records = _KafkaRecords(self._settings, source_id)
+        self._records = _KafkaRecords(
+            bootstrap_servers, source_id, topic_prefix, timeout, config, schema_registry_url
+        )
         self._timeout = timeout
-        self._config = {"message.timeout.ms": max(1000, int(timeout * 1000)), **(config or {})}
         # Made now, not on the first send: an idempotent producer needs a moment to get its
         # producer id, and a first send that waits for it lets the queue fill meanwhile.
         self._producer: Producer | None = self._make_producer()
 
     def _make_producer(self) -> Producer:
-        return Producer(producer_config(self._settings, **self._config))
+        return Producer(dict(self._records.producer_config))  # a copy: never shared
 
     def send(self, batch: Sequence[Queued]) -> None:
         producer = self._producer = self._producer or self._make_producer()
@@ -266,7 +268,7 @@ class KafkaTransport:
         remaining = producer.flush(self._timeout + 5.0)
         if not failed and not remaining:
             return
-        if any(error.code() in _FATAL_PRODUCER_CODES for _, error in failed):
+        if any(error.code() in FATAL_PRODUCER_CODES for _, error in failed):
             self._producer = None  # the next try gets a fresh producer (the old one is fenced)
         if remaining:
             raise DeliveryError(
@@ -299,28 +301,29 @@ class AsyncKafkaTransport:
         config: Mapping[str, Any] | None = None,
         schema_registry_url: str | None = None,
     ) -> None:
-        self._settings = kafka_settings(bootstrap_servers, topic_prefix, schema_registry_url)
-        self._records = _KafkaRecords(self._settings, source_id)
+        self._records = _KafkaRecords(
+            bootstrap_servers, source_id, topic_prefix, timeout, config, schema_registry_url
+        )
         self._timeout = timeout
-        self._config = {"message.timeout.ms": max(1000, int(timeout * 1000)), **(config or {})}
         self._producer: AsyncProducer | None = self._make_producer()  # now: see KafkaTransport
 
     def _make_producer(self) -> AsyncProducer:
-        return AsyncProducer(
-            self._settings, producer=Producer(producer_config(self._settings, **self._config))
-        )
+        records = self._records
+        return AsyncProducer(records.settings, producer=Producer(dict(records.producer_config)))
 
     async def send(self, batch: Sequence[Queued]) -> None:
         if self._producer is None:
             self._producer = self._make_producer()
-        if self._settings.schema_registry_url:  # encoding may ask the registry: not on the loop
+        if (
+            self._records.settings.schema_registry_url
+        ):  # encoding may ask the registry: not on the loop
             records = await asyncio.to_thread(self._records.records, batch)
         else:
             records = self._records.records(batch)
         failed = await self._producer.send_all(records)
         if not failed:
             return
-        if any(error in _FATAL_PRODUCER_TEXTS for _, error in failed):
+        if any(error in FATAL_PRODUCER_ERRORS for _, error in failed):
             broken, self._producer = self._producer, None  # fenced: the next try gets a new one
             await asyncio.to_thread(broken.close, 0.0)
         index = {value: i for i, (_, _, value) in enumerate(records)}
