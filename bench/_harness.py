@@ -23,7 +23,7 @@ from pipeline._codec import Codec
 from pipeline._config import validate_config
 from pipeline._config_store import apply_config
 from pipeline._kafka import create_topics, make_producer, topics_for
-from pipeline._records import call_from_record
+from pipeline._records import call_from_record, new_delivery
 from pipeline._render import render_body
 from pipeline._settings import Settings
 from pipeline._signing import SIGNATURE_HEADER, sign
@@ -351,20 +351,8 @@ def delivery_records(
     _key, value = next(iter(deployment.call_records("s", 1)))
     call = call_from_record(deployment.codec.decode("Call", value))
     template_id = str(uuid.uuid4())
-    record = {
-        "messageId": template_id,
-        "destinationId": destination,
-        "sourceId": "s",
-        "callType": "track",
-        "body": render_body(call),
-        "receivedAt": int(time.time() * 1000),
-        "firstAttemptAt": None,
-        "deadline": None,
-        "notBefore": 0,
-        "tier": -1,
-        "replays": 0,
-        "attempts": [],
-    }
+    body = render_body(call)
+    record = new_delivery(call._replace(message_id=template_id), destination, body)
     encoded = deployment.codec.encode("Delivery", record)
     head, rest = encoded[:11], encoded[11 + 36 :]
     assert encoded[10] == 72 and encoded[11 : 11 + 36] == template_id.encode()  # zigzag(36)

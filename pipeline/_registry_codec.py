@@ -254,10 +254,13 @@ class RegistryCodec:
                     f"(subject {subject}): {exc}"
                 ) from None
             except Exception as exc:  # httpx (or httpx2) transport errors, bad answers
-                raise SchemaRegistryUnavailable(
-                    f"schema registry {self.url} unreachable: {type(exc).__name__}: {exc}"
-                ) from None
+                raise self._unreachable(exc) from None
             self._registered.add(name)
+
+    def _unreachable(self, exc: Exception) -> SchemaRegistryUnavailable:
+        return SchemaRegistryUnavailable(
+            f"schema registry {self.url} unreachable: {type(exc).__name__}: {exc}"
+        )
 
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
         self._register(name)
@@ -289,9 +292,7 @@ class RegistryCodec:
                 f"schema registry {self.url}: could not fetch schema id {schema_id}: {exc}"
             ) from None
         except Exception as exc:  # httpx (or httpx2) transport errors, bad answers
-            raise SchemaRegistryUnavailable(
-                f"schema registry {self.url} unreachable: {type(exc).__name__}: {exc}"
-            ) from None
+            raise self._unreachable(exc) from None
         try:
             record = self._deserializers[name](data, None)
         except Exception as exc:  # the writer schema is cached: this is about the bytes
