@@ -49,16 +49,11 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """May a request be sent now? (In half-open state, only the one probe.)"""
-        if self.state is CircuitState.CLOSED:
-            return True
-        if self.state is CircuitState.OPEN:
-            if self._clock() - self._opened_at < self.cool_down:
-                return False
-            self.state = CircuitState.HALF_OPEN
-            self._probing = False
-        if self._probing:
+        if self.refuses():
             return False
-        self._probing = True
+        if self.state is not CircuitState.CLOSED:  # cool-down over, or half open: the probe
+            self.state = CircuitState.HALF_OPEN
+            self._probing = True
         return True
 
     def refuses(self) -> bool:

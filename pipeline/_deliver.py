@@ -111,20 +111,16 @@ class DeliveryHandler:
                     deferred.add(key)
                     continue
                 try:
-                    out = self._prepare(taken, record, now)
-                    if not isinstance(out, list):
-                        destination, final = out
-                        results = None if final else self._sender.refused_by_circuits(destination)
-                        if results is None:  # a request to make: a task of its own
-                            prepared = (destination, final, now)
-                            self._spawn(self._process(taken, record, loop, prepared))
-                            continue
-                        out = self._conclude(taken, record, results, now, now)
+                    before = self._before_attempt(taken, record, now)
                 except SchemaRegistryUnavailable:
                     raise
                 except Exception as exc:  # a bug must neither lose the record nor stall it
-                    out = self._internal_error(taken, record, exc)
-                decided.append((taken, out))
+                    before = self._internal_error(taken, record, exc)
+                if isinstance(before, list):
+                    decided.append((taken, before))
+                else:  # a request to make: a task of its own
+                    destination, final = before
+                    self._spawn(self._process(taken, record, loop, (destination, final, now)))
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # nothing of this batch is finished: a restart delivers it
             return
@@ -206,17 +202,14 @@ class DeliveryHandler:
     ) -> list[Outgoing]:
         """Attempt the delivery; return the hand-off to produce (empty when delivered).
 
-        ``prepared``: what ``_prepare`` already said (destination, final attempt, at).
+        ``prepared``: what ``_before_attempt`` already said (destination, final attempt, at).
         """
         if prepared is None:  # a held record, now due: the same checks as in handle()
             now = time.time()
-            before = self._prepare(taken, record, now)
+            before = self._before_attempt(taken, record, now)
             if isinstance(before, list):
                 return before
             destination, final = before
-            refused = None if final else self._sender.refused_by_circuits(destination)
-            if refused is not None:
-                return self._conclude(taken, record, refused, now, now)
         else:
             destination, final, now = prepared
         results = await self._sender.attempt(
@@ -224,11 +217,12 @@ class DeliveryHandler:
         )
         return self._conclude(taken, record, results, now, time.time())
 
-    def _prepare(
+    def _before_attempt(
         self, taken: Taken, record: dict[str, Any], now: float
     ) -> tuple[Destination, bool] | list[Outgoing]:
-        """Steps 1 and 2: the destination and whether this is the record's final attempt, or the
-        dead letter when there is nothing to attempt."""
+        """Steps 1 and 2, and the circuits: the destination and whether this is the record's final
+        attempt, or the hand-off when no request is to be made (dead letter; next tier when every
+        webhook's circuit is open)."""
         message = taken.message
         destination = self._follower.table.destinations.get(record["destinationId"])
         if destination is None or not destination.enabled:
@@ -259,7 +253,11 @@ class DeliveryHandler:
 
         # The last slot before the deadline is a record's final chance: it is always tried, even
         # through an open circuit (which would otherwise dead-letter it without a request).
-        final = now >= self._schedule.deadline_at(first / 1000) - self._schedule.margin
+        final = now >= self._schedule.last_slot(first / 1000)
+        if not final:
+            refused = self._sender.refused_by_circuits(destination)
+            if refused is not None:
+                return self._conclude(taken, record, refused, now, now)
         return destination, final
 
     def _conclude(

@@ -49,6 +49,10 @@ class RetrySchedule:
     def deadline_at(self, first_attempt_at: float) -> float:
         return first_attempt_at + self.deadline
 
+    def last_slot(self, first_attempt_at: float) -> float:
+        """When a record's final attempt is due: ``margin`` before its deadline."""
+        return self.deadline_at(first_attempt_at) - self.margin
+
     def next_retry(
         self,
         *,
@@ -62,7 +66,7 @@ class RetrySchedule:
 
         ``None`` means the deadline leaves no room for another try.
         """
-        last_slot = self.deadline_at(first_attempt_at) - self.margin
+        last_slot = self.last_slot(first_attempt_at)
         if now >= last_slot:
             return None
         next_tier = min(tier + 1, len(self.delays) - 1)

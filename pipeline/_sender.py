@@ -212,7 +212,7 @@ class WebhookSender:
         """
         results = []
         for hook in destination.webhooks:
-            target = self._targets.get(hook.url) or self._target(hook.url)
+            target = self._target(hook.url)
             endpoint = target.endpoint
             if endpoint is None or not endpoint.breaker.refuses():
                 return None
@@ -220,6 +220,16 @@ class WebhookSender:
         return results
 
     def _target(self, url: str) -> _Target:
+        """``url``'s target, worked out on first use and remembered (a URL that cannot be
+        requested too: the address policy is fixed for the sender's life)."""
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) >= _MAX_TARGETS:
+                self._targets.clear()
+            target = self._targets[url] = self._new_target(url)
+        return target
+
+    def _new_target(self, url: str) -> _Target:
         try:
             parts = urlsplit(url)
             host = parts.hostname or ""
@@ -235,15 +245,12 @@ class WebhookSender:
         endpoint = self._endpoints.get(origin)
         if endpoint is None:
             endpoint = self._endpoints[origin] = _Endpoint(origin, self._settings)
-        if len(self._targets) >= _MAX_TARGETS:
-            self._targets.clear()
-        target = self._targets[url] = _Target(endpoint)
-        return target
+        return _Target(endpoint)
 
     async def _guarded_post(
         self, url: str, headers: dict[str, str], body: bytes, final: bool = False
     ) -> UrlResult:
-        target = self._targets.get(url) or self._target(url)
+        target = self._target(url)
         endpoint = target.endpoint
         if endpoint is None:
             assert target.failure is not None

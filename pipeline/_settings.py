@@ -115,13 +115,12 @@ class Settings:
             "replication_factor",
             "max_in_flight",
             "max_connections_per_host",
+            "circuit_failures",
         ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
         if not self.retry_delays:
             raise ValueError("retry_delays: give at least one delay")
-        if self.circuit_failures < 1:
-            raise ValueError(f"circuit_failures: must be at least 1, got {self.circuit_failures}")
         from ._address_policy import AddressPolicy
 
         AddressPolicy.parse(self.allowed_networks)  # raises ValueError naming a bad entry
