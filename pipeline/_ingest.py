@@ -62,7 +62,6 @@ __all__ = [
     "IngestOptions",
     "ErrorCode",
     "make_ingest_app",
-    "parse_request",
     "iter_request",
     "start_ingest",
     "run_ingest",
@@ -313,26 +312,6 @@ def _object_or_none(payload: Mapping[str, Any], field: str) -> dict[str, Any] | 
     )
 
 
-def parse_request(
-    kind: str,
-    payload: Any,
-    *,
-    source_id: str,
-    received_at: int,
-    max_call_bytes: int = MAX_CALL_BYTES,
-) -> list[Call]:
-    """Every call of one request, validated; raises ``_Refused`` naming the first bad field."""
-    return list(
-        iter_request(
-            kind,
-            payload,
-            source_id=source_id,
-            received_at=received_at,
-            max_call_bytes=max_call_bytes,
-        )
-    )
-
-
 def iter_request(
     kind: str,
     payload: Any,
@@ -341,7 +320,8 @@ def iter_request(
     received_at: int,
     max_call_bytes: int = MAX_CALL_BYTES,
 ) -> Iterator[Call]:
-    """``parse_request`` one call at a time (the server yields to its loop in between)."""
+    """Every call of one request, validated, one at a time (the server yields to its loop in
+    between); raises ``_Refused`` naming the first bad field."""
     if not isinstance(payload, dict):
         raise _Refused(
             ErrorCode.INVALID_CALL,
@@ -685,24 +665,16 @@ class _IngestService:
     def _admin_refusal(self, request: web.Request) -> web.Response | None:
         token = self.options.admin_token
         if token is None:
-            return web.json_response(
-                {
-                    "success": False,
-                    "code": "admin_disabled",
-                    "message": "admin endpoints are off; set PIPELINE_ADMIN_TOKEN to turn them on",
-                },
-                status=404,
+            return _admin_error(
+                404,
+                "admin_disabled",
+                "admin endpoints are off; set PIPELINE_ADMIN_TOKEN to turn them on",
             )
         given = request.headers.get("Authorization", "")
         expected = f"Bearer {token}"
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            return web.json_response(
-                {
-                    "success": False,
-                    "code": "unauthorized",
-                    "message": "Authorization: Bearer <PIPELINE_ADMIN_TOKEN> is required",
-                },
-                status=401,
+            return _admin_error(
+                401, "unauthorized", "Authorization: Bearer <PIPELINE_ADMIN_TOKEN> is required"
             )
         return None
 

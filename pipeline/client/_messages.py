@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from .._calls import MAX_CALL_BYTES, Call, new_message_id, parse_call
-from .._exceptions import CallTooLarge, InvalidCall
+from .._calls import Call, new_message_id, parse_call
+from .._exceptions import InvalidCall
 from .._timestamps import format_timestamp, now_ms
 
 __all__ = ["Queued", "build_message", "prepare", "LIBRARY"]
@@ -67,13 +67,16 @@ class Queued:
         return value
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+
+
 def _timestamp(value: datetime | str | None, field: str = "timestamp") -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, datetime):
         # A naive datetime is local time, as everywhere in Python (datetime.astimezone).
-        moment = value.astimezone(UTC)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+        return format_timestamp((value.astimezone(UTC) - _EPOCH) // _ONE_MS)
     raise InvalidCall(
         field, f"must be a datetime or an ISO 8601 string, got {type(value).__name__}"
     )
@@ -157,7 +160,6 @@ def prepare(
     *,
     event_time: int,
     source_id: str = UNRESOLVED_SOURCE,
-    max_bytes: int = MAX_CALL_BYTES,
     keep_call: bool = True,
 ) -> Queued:
     """Validate and encode one message; raises ``InvalidCall`` naming the field, or
@@ -173,7 +175,7 @@ def prepare(
             parse_call(message, source_id=source_id, received_at=now_ms())
             raise InvalidCall("call", f"cannot be encoded as JSON: {exc}") from None
         message = orjson.loads(encoded)
-    if len(encoded) > max_bytes:
-        raise CallTooLarge("call", len(encoded), max_bytes)
-    call = parse_call(message, source_id=source_id, received_at=event_time, raw_size=len(encoded))
+    call = parse_call(  # refuses a call over 32 KB (CallTooLarge), as the API does
+        message, source_id=source_id, received_at=event_time, raw_size=len(encoded)
+    )
     return Queued(encoded, call if keep_call else None, event_time, source_id)
