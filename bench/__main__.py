@@ -50,8 +50,9 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline._broker import EmbeddedBroker
+from pipeline._topic_reader import read_topic
 
-from ._baselines import raw_post_rate, read_topic
+from ._baselines import raw_post_rate
 from ._harness import (
     Deployment,
     Receiver,
@@ -339,7 +340,7 @@ def section_retry(bench: Bench) -> None:
                 continue
             arrivals = receiver.arrivals()
             due = {}
-            for message in read_topic(deployment.settings, deployment.topics.retry[0]):
+            for message in read_topic(deployment.settings, deployment.topics.retry[0], timeout=30):
                 record = deployment.codec.decode("Delivery", message.value())
                 due[record["messageId"]] = record["notBefore"] / 1000
             errors = sorted(

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import aiohttp
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-from pipeline._kafka import consumer_config
-from pipeline._settings import Settings
 
 from ._harness import Receiver, rate, wait_answered
 
@@ -45,31 +39,3 @@ def raw_post_rate(
     """Requests/s of a bare aiohttp loop POSTing ``body`` with ``concurrency`` in flight."""
     asyncio.run(_post_all(receiver, body, headers, count, concurrency))
     return rate(wait_answered(receiver, count, timeout=60))
-
-
-def read_topic(settings: Settings, topic: str, timeout: float = 30.0) -> list[Any]:
-    """Every record of ``topic`` now (to the end of each partition), as confluent messages."""
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"bench-reader-{time.monotonic_ns()}",
-            **{"enable.partition.eof": True, "statistics.interval.ms": 0},
-        )
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=10)
-        partitions = list(metadata.topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_partitions = set(partitions)
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while open_partitions and time.monotonic() < deadline:
-            for message in consumer.consume(1000, 0.5):
-                error = message.error()
-                if error is None:
-                    out.append(message)
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    open_partitions.discard(message.partition())
-        return out
-    finally:
-        consumer.close()

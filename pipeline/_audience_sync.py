@@ -168,11 +168,11 @@ def load_state(settings: Settings, spec: TraitSpec) -> tuple[dict[str, StateEntr
     return state, partition
 
 
-def _check_source(table: ConfigTable, source_id: str, *, warn: bool = True) -> None:
+def _check_source(table: ConfigTable, source_id: str) -> None:
     if source_id not in table.sources:
         known = ", ".join(sorted(table.sources)) or "none"
         raise InvalidCall("--source", f"no source has the id {source_id!r}; known: {known}")
-    if warn and not table.enabled_destinations(source_id):
+    if not table.enabled_destinations(source_id):
         print(
             f"warning: source {source_id!r} has no enabled destination; the router will drop "
             "these calls (state is still recorded)",
@@ -220,7 +220,7 @@ def _apply(
     progress: bool | None,
 ) -> None:
     codec = make_codec(settings)
-    records = _StateRecords(make_codec(settings))
+    records = _StateRecords(codec)
     topics = topics_for(settings)
     now = now_ms()
 

@@ -205,10 +205,6 @@ def request_deletion(
 # ---- the command line ----------------------------------------------------------------------------
 
 
-def _when(ms: int) -> str:
-    return format_timestamp(ms)
-
-
 def _print_outcome(outcome: DeletionOutcome) -> None:
     user = outcome.user_id
     if outcome.notified:
@@ -221,7 +217,7 @@ def _print_outcome(outcome: DeletionOutcome) -> None:
     else:
         print(f"deletion request for user {user!r} recorded; no delete call sent")
     for source, at in sorted(outcome.already.items()):
-        print(f"  {source}: already notified at {_when(at)} (--force sends again)")
+        print(f"  {source}: already notified at {format_timestamp(at)} (--force sends again)")
     if outcome.unaffected:
         print(f"  not notified (no enabled destination): {', '.join(outcome.unaffected)}")
 
@@ -235,13 +231,13 @@ def _print_status(user_id: str, record: dict[str, Any] | None) -> int:
     for request in requests:
         flags = " (forced)" if request["forced"] else ""
         reason = f" reason: {request['reason']!r}" if request["reason"] else ""
-        print(f"  {_when(request['requestedAt'])}{flags}{reason}")
+        print(f"  {format_timestamp(request['requestedAt'])}{flags}{reason}")
         if not request["notifications"]:
             print("    nothing sent")
         for note in request["notifications"]:
             state = "sent" if note["acknowledged"] else "NOT CONFIRMED (sent again on next request)"
             print(
-                f"    {note['sourceId']:<24} delete {state} at {_when(note['timestamp'])} "
+                f"    {note['sourceId']:<24} delete {state} at {format_timestamp(note['timestamp'])} "
                 f"messageId {note['messageId']}"
             )
     return 0
