@@ -113,6 +113,17 @@ class TraitSpec:
     name: str
     #: The snake_cased name: the trait key receivers get.
     property_name: str
+    #: State keys are ``<source>/<property>/<user>``; neither a source id nor a property
+    #: contains ``/``, so the user id is everything after the second one.
+    key_prefix: bytes = field(init=False, repr=False, compare=False)
+    #: ``{"<property>":`` of every ``traits_json``.
+    _traits_head: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # worked out once: used for every user of a sync
+        object.__setattr__(self, "key_prefix", f"{self.source_id}/{self.property_name}/".encode())
+        object.__setattr__(
+            self, "_traits_head", "{" + orjson.dumps(self.property_name).decode() + ":"
+        )
 
     @classmethod
     def of(cls, kind: TraitKind, source_id: str, name: str) -> TraitSpec:
@@ -123,18 +134,12 @@ class TraitSpec:
         """The JSON value sent to a user who is no longer in the file."""
         return FALSE if self.kind is TraitKind.AUDIENCE else NULL
 
-    @property
-    def key_prefix(self) -> bytes:
-        """State keys are ``<source>/<property>/<user>``; neither a source id nor a property
-        contains ``/``, so the user id is everything after the second one."""
-        return f"{self.source_id}/{self.property_name}/".encode()
-
     def key(self, user_id: str) -> bytes:
         return self.key_prefix + user_id.encode()
 
     def traits_json(self, value_json: str) -> str:
         """``{"<property>":<value>}`` as compact JSON text."""
-        return "{" + orjson.dumps(self.property_name).decode() + ":" + value_json + "}"
+        return self._traits_head + value_json + "}"
 
 
 class SyncInputError(PipelineError):

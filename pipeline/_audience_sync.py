@@ -224,11 +224,12 @@ def _apply(
     topics = topics_for(settings)
     now = now_ms()
 
+    keys = [spec.key(change.user_id) for change in changes]
     # a. mark every change pending; its call's messageId derives from the key, value and time
-    for change in changes:
+    for key, change in zip(keys, changes, strict=True):
         at = change.pending_at or now
         mark = records.encode(change.previous, change.value, at, now)
-        producer.produce(topics.audience_state, spec.key(change.user_id), mark, partition=partition)
+        producer.produce(topics.audience_state, key, mark, partition=partition)
     producer.flush()
     if producer.failed:
         raise BrokerUnavailable(
@@ -255,8 +256,7 @@ def _apply(
         file=sys.stderr,
     )
     try:
-        for index, change in enumerate(changes):
-            key = spec.key(change.user_id)
+        for index, (key, change) in enumerate(zip(keys, changes, strict=True)):
             call = Call(
                 type=CallType.IDENTIFY,
                 message_id=message_id_for(key, change.value, change.pending_at or now),
@@ -280,13 +280,11 @@ def _apply(
         return  # not confirmed: every user stays uncertain and the next sync sends them again
 
     # c. confirm: the new value, or a tombstone for false (audience) / null (computed trait)
-    for change in changes:
+    for key, change in zip(keys, changes, strict=True):
         confirmed = None
         if change.value != spec.absent:
             confirmed = records.encode(change.value, None, None, now)
-        producer.produce(
-            topics.audience_state, spec.key(change.user_id), confirmed, partition=partition
-        )
+        producer.produce(topics.audience_state, key, confirmed, partition=partition)
     producer.flush()
     summary.failed = list(producer.failed)
 
