@@ -19,12 +19,14 @@ from typing import Any
 
 import orjson
 
+from pipeline._calls import Call, CallType
 from pipeline._codec import Codec
 from pipeline._config import validate_config
 from pipeline._config_store import apply_config
 from pipeline._kafka import create_topics, make_producer, topics_for
-from pipeline._records import call_from_record, new_delivery
+from pipeline._records import call_from_record, call_to_record, new_delivery
 from pipeline._render import render_body
+from pipeline._sender import USER_AGENT
 from pipeline._settings import Settings
 from pipeline._signing import SIGNATURE_HEADER, sign
 
@@ -47,11 +49,6 @@ class Receiver:
         _STARTED.append(self)
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
-        self.mode = mode
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -188,38 +185,28 @@ class Deployment:
         env.update(extra)
         return env
 
-    def call_records(
-        self, source: str, count: int, *, run: str = ""
-    ) -> Iterable[tuple[bytes, bytes]]:
+    def call_records(self, source: str, count: int) -> Iterable[tuple[bytes, bytes]]:
         """(key, value) of ``count`` encoded track calls from ``source``."""
         encode = self.codec.encode
         now = int(time.time() * 1000)
         properties, context = PROPERTIES.decode(), CONTEXT.decode()
         for i in range(count):
             user = f"u{i % 5000}"
-            record = {
-                "type": "track",
-                "messageId": f"{run}{uuid.uuid4()}",
-                "sourceId": source,
-                "timestamp": now,
-                "receivedAt": now,
-                "userId": user,
-                "anonymousId": None,
-                "sentAt": None,
-                "event": "Order Completed",
-                "name": None,
-                "category": None,
-                "groupId": None,
-                "previousId": None,
-                "properties": properties,
-                "traits": None,
-                "context": context,
-                "integrations": None,
-            }
-            yield user.encode(), encode("Call", record)
+            call = Call(
+                CallType.TRACK,
+                str(uuid.uuid4()),
+                source,
+                now,
+                now,
+                user_id=user,
+                event="Order Completed",
+                properties=properties,
+                context=context,
+            )
+            yield user.encode(), encode("Call", call_to_record(call))
 
-    def produce_calls(self, source: str, count: int, *, run: str = "") -> None:
-        produce_all(self.settings, self.topics.calls, self.call_records(source, count, run=run))
+    def produce_calls(self, source: str, count: int) -> None:
+        produce_all(self.settings, self.topics.calls, self.call_records(source, count))
 
 
 def produce_all(settings: Settings, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
@@ -252,12 +239,16 @@ def sample_request(deployment: Deployment) -> tuple[bytes, dict[str, str]]:
     """The body and headers the pipeline would send for one of our calls (for the baselines)."""
     _key, value = next(iter(deployment.call_records("s", 1)))
     body = render_body(call_from_record(deployment.codec.decode("Call", value)))
-    headers = {
+    return body, webhook_headers(body)
+
+
+def webhook_headers(body: bytes) -> dict[str, str]:
+    """The headers the pipeline sends with ``body`` to a destination whose secret is SECRET."""
+    return {
         "Content-Type": "application/json",
-        "User-Agent": "pipeline-webhooks/1.0",
+        "User-Agent": USER_AGENT,
         SIGNATURE_HEADER: sign(body, SECRET),
     }
-    return body, headers
 
 
 class Worker:

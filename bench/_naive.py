@@ -20,9 +20,8 @@ from pipeline._kafka import consumer_config, topics_for
 from pipeline._records import call_from_record
 from pipeline._render import render_body
 from pipeline._settings import Settings
-from pipeline._signing import SIGNATURE_HEADER, sign
 
-from ._harness import SECRET
+from ._harness import webhook_headers
 
 
 def main() -> None:
@@ -44,12 +43,7 @@ def main() -> None:
             if message is None or message.error() is not None:
                 continue
             body = render_body(call_from_record(codec.decode("Call", message.value())))
-            headers = {
-                "Content-Type": "application/json",
-                "User-Agent": "pipeline-webhooks/1.0",
-                SIGNATURE_HEADER: sign(body, SECRET),
-            }
-            requests.post(url, data=body, headers=headers, timeout=5)
+            requests.post(url, data=body, headers=webhook_headers(body), timeout=5)
             consumer.commit(message, asynchronous=False)
     finally:
         consumer.close()
