@@ -32,6 +32,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "json_text",
     "json_kind",
+    "unencodable_field",
 ]
 
 #: Seed §8: 32 KB maximum per call.
@@ -227,9 +228,7 @@ def parse_call(
         try:
             raw_size = len(orjson.dumps(raw))
         except (TypeError, orjson.JSONEncodeError) as exc:
-            raise InvalidCall(
-                _unencodable_field(raw), f"cannot be encoded as JSON: {exc}"
-            ) from None
+            raise InvalidCall(unencodable_field(raw), f"cannot be encoded as JSON: {exc}") from None
     size = raw_size
     if size > MAX_CALL_BYTES:
         raise CallTooLarge("call", size, MAX_CALL_BYTES)
@@ -313,7 +312,7 @@ def parse_call(
     return call
 
 
-def _unencodable_field(raw: dict[str, Any]) -> str:
+def unencodable_field(raw: dict[str, Any]) -> str:
     """The top-level field whose value JSON cannot encode (non-string keys, huge integers)."""
     for key, value in raw.items():
         try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from .._calls import Call, new_message_id, parse_call
+from .._calls import Call, new_message_id, parse_call, unencodable_field
 from .._exceptions import InvalidCall
 from .._timestamps import format_timestamp, now_ms
 
@@ -167,13 +167,13 @@ def prepare(
     ``timestamp`` unless the message has its own."""
     try:
         encoded = orjson.dumps(message)
-    except TypeError:
+    except TypeError as plain:
         try:
             encoded = orjson.dumps(message, default=_default)
-        except TypeError as exc:
-            # parse_call names the field that holds the value; if it does not, the call does.
-            parse_call(message, source_id=source_id, received_at=now_ms())
-            raise InvalidCall("call", f"cannot be encoded as JSON: {exc}") from None
+        except TypeError:  # named as parse_call names it (the first error, the field)
+            raise InvalidCall(
+                unencodable_field(message), f"cannot be encoded as JSON: {plain}"
+            ) from None
         message = orjson.loads(encoded)
     call = parse_call(  # refuses a call over 32 KB (CallTooLarge), as the API does
         message, source_id=source_id, received_at=event_time, raw_size=len(encoded)

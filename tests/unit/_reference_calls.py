@@ -14,10 +14,10 @@ from pipeline._calls import (
     MAX_ID_CHARS,
     Call,
     CallType,
-    _unencodable_field,
     json_kind,
     json_text,
     new_message_id,
+    unencodable_field,
 )
 from pipeline._exceptions import CallTooLarge, InvalidCall
 from pipeline._timestamps import parse_timestamp
@@ -104,9 +104,7 @@ def reference_parse_call(
         try:
             raw_size = len(orjson.dumps(raw))
         except (TypeError, orjson.JSONEncodeError) as exc:
-            raise InvalidCall(
-                _unencodable_field(raw), f"cannot be encoded as JSON: {exc}"
-            ) from None
+            raise InvalidCall(unencodable_field(raw), f"cannot be encoded as JSON: {exc}") from None
     size = raw_size
     if size > MAX_CALL_BYTES:
         raise CallTooLarge("call", size, MAX_CALL_BYTES)
