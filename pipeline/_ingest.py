@@ -265,11 +265,12 @@ def _skew_corrected(item: Mapping[str, Any], received_at: int) -> str | None:
 
 
 def _prepared(item: dict[str, Any], received_at: int) -> dict[str, Any]:
-    """The call with Segment's ``originalTimestamp`` turned into ``timestamp`` where needed."""
+    """The call with Segment's ``originalTimestamp`` turned into ``timestamp`` where needed
+    (in place: the callers pass their own copy of the call)."""
     if item.get("timestamp") in (None, "") and item.get("originalTimestamp") is not None:
         corrected = _skew_corrected(item, received_at)
         if corrected is not None:
-            item = {**item, "timestamp": corrected}
+            item["timestamp"] = corrected
     return item
 
 

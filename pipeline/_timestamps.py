@@ -8,6 +8,7 @@ integer milliseconds since the Unix epoch; on the wire to receivers it is always
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -27,10 +28,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_timestamp(text: str) -> int:
     """Milliseconds since the epoch for an ISO 8601 date-time; raises ``ValueError`` if malformed.
 
-    A value without an offset is taken as UTC (Segment does the same).
+    A value without an offset is taken as UTC (Segment does the same). Remembered for the last
+    1,024 texts: a batch's calls share their ``sentAt``, parsed ~4 µs each time otherwise.
 
     >>> parse_timestamp("2026-11-21T07:04:30.123-0800")
     1795273470123
