@@ -23,11 +23,10 @@ from typing import Any
 
 from . import _metrics as client_metrics
 from ._batches import split_batches
-from ._client import OnError
 from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
 from ._messages import UNRESOLVED_SOURCE, Queued, prepare
-from ._methods import CallMethods
+from ._methods import CallMethods, OnError
 from ._options import DEFAULT_ENDPOINT, DEFAULT_FLUSH_AT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
 from ._transports import AsyncHttpTransport, AsyncKafkaTransport, AsyncTransport
 
@@ -253,14 +252,6 @@ class AsyncClient(CallMethods):
             if items:
                 self._report(failed, items)
         self._progress.set()
-
-    def _report(self, error: Exception, items: Sequence[Queued]) -> None:
-        if self.on_error is None:
-            return
-        try:
-            self.on_error(error, [item.message() for item in items])
-        except Exception:
-            log.exception("on_error raised")
 
     async def _wait_finished(self, target: int) -> None:
         while self._finished < target:

@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _metrics as client_metrics
@@ -37,14 +37,13 @@ from ._batches import split_batches
 from ._errors import ClientClosed, DeliveryError, QueueFull
 from ._log import DropWarnings, debug_requested, enable_debug_logging, log
 from ._messages import UNRESOLVED_SOURCE, Queued, prepare
-from ._methods import CallMethods
+from ._methods import CallMethods, OnError
 from ._options import DEFAULT_ENDPOINT, DEFAULT_FLUSH_AT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
 from ._transports import HttpTransport, KafkaTransport, Transport
 
 __all__ = ["Client", "OnError"]
 
 #: ``on_error(error, messages)``: called from the worker thread.
-OnError = Callable[[Exception, list[dict[str, Any]]], None]
 
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
 
@@ -357,14 +356,6 @@ class Client(CallMethods):
             self._cond.notify_all()
         if failed is not None and items:
             self._report(failed, items)
-
-    def _report(self, error: Exception, items: Sequence[Queued]) -> None:
-        if self.on_error is None:
-            return
-        try:
-            self.on_error(error, [item.message() for item in items])
-        except Exception:
-            log.exception("on_error raised")
 
     # ---- flush and close -------------------------------------------------------------------------
 

@@ -12,20 +12,35 @@ queues, and returns ``None``; it never waits for the network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from .._timestamps import now_ms
-from ._messages import build_message
+from ._log import log
+from ._messages import Queued, build_message
+
+#: ``on_error(error, messages)``: called with the messages a failure or a drop concerns.
+OnError = Callable[[Exception, list[dict[str, Any]]], None]
 
 __all__ = ["CallMethods"]
 
 
 class CallMethods:
+    on_error: OnError | None
+
     def _enqueue(self, message: dict[str, Any], now: int) -> None:
         """Validate, encode and queue ``message``, made at ``now`` (epoch ms)."""
         raise NotImplementedError
+
+    def _report(self, error: Exception, items: Sequence[Queued]) -> None:
+        """Tell ``on_error`` (if set) which messages ``error`` concerns; its own errors are logged."""
+        if self.on_error is None:
+            return
+        try:
+            self.on_error(error, [item.message() for item in items])
+        except Exception:
+            log.exception("on_error raised")
 
     def identify(
         self,
