@@ -46,13 +46,27 @@ class _Unsupported(Exception):
     """The schema uses something ``compile_writer`` does not cover."""
 
 
-def _varint(out: bytearray, value: int) -> None:
+#: Varints of values met lately, by value: timestamps repeat within a millisecond (a batch's
+#: records share their ``now``) and sizes repeat. Bounded; a race between threads only costs a miss.
+_VARINTS: dict[int, bytes] = {}
+_VARINTS_MAX = 4096
+
+
+def _varint(value: int) -> bytes:
     """The zig-zag varint of a value already checked to fit in 64 bits."""
-    n = (value << 1) ^ (value >> 63)
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
+    encoded = _VARINTS.get(value)
+    if encoded is None:
+        n = (value << 1) ^ (value >> 63)
+        out = bytearray()
+        while n > 0x7F:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        encoded = bytes(out)
+        if len(_VARINTS) >= _VARINTS_MAX:
+            _VARINTS.clear()
+        _VARINTS[value] = encoded
+    return encoded
 
 
 def _integer_writer(kind: str, low: int, high: int) -> Writer:
@@ -62,7 +76,7 @@ def _integer_writer(kind: str, low: int, high: int) -> Writer:
         if 0 <= value < 64:
             out += _SMALL[value]
         elif low <= value <= high:
-            _varint(out, value)
+            out += _varint(value)
         else:
             raise OverflowError(f"{value} does not fit in an Avro {kind}")
 
@@ -80,7 +94,7 @@ def _write_bytes(out: bytearray, value: Any) -> None:
     if size < 64:
         out += _SMALL[size]
     else:
-        _varint(out, size)
+        out += _varint(size)
     out += value
 
 
@@ -92,7 +106,7 @@ def _write_string(out: bytearray, value: Any) -> None:
     if size < 64:
         out += _SMALL[size]
     else:
-        _varint(out, size)
+        out += _varint(size)
     out += data
 
 
@@ -186,18 +200,12 @@ def _record(schema: dict[str, Any], named: dict[str, Any], enclosing: frozenset[
 
 
 def _enum(symbols: list[str]) -> Writer:
-    index = {symbol: _SMALL[i] if i < 64 else _encoded_long(i) for i, symbol in enumerate(symbols)}
+    index = {symbol: _SMALL[i] if i < 64 else _varint(i) for i, symbol in enumerate(symbols)}
 
     def write_enum(out: bytearray, value: Any) -> None:
         out += index[value]
 
     return write_enum
-
-
-def _encoded_long(value: int) -> bytes:
-    out = bytearray()
-    _varint(out, value)
-    return bytes(out)
 
 
 def _union(branches: list[Any], named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
@@ -218,7 +226,7 @@ def _union(branches: list[Any], named: dict[str, Any], enclosing: frozenset[str]
                 if size < 64:
                     out += _SMALL[size]
                 else:
-                    _varint(out, size)
+                    out += _varint(size)
                 out += data
             else:
                 raise TypeError(f"a string must be a str, got {type(value).__name__}")
