@@ -264,6 +264,7 @@ class Worker:
         command = [sys.executable, "-m", module, *role.split()]
         profile_dir = os.environ.get("BENCH_PROFILE")
         if profile_dir:  # py-spy samples the process (GIL holder only); raw stacks for flame graphs
+            Path(profile_dir).mkdir(parents=True, exist_ok=True)
             output = Path(profile_dir) / f"{name}.txt"
             spy = Path(sys.executable).parent / "py-spy"
             command = [
