@@ -76,6 +76,8 @@ class DeliveryHandler:
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
+        self._retry_topics = topics.retry
+        self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(self._retry_topics))]
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -88,6 +90,7 @@ class DeliveryHandler:
         # not a task, a future and a wake-up each. A hanging destination's records take this path
         # once its circuit is open, so they cost its healthy neighbours little.
         decided: list[tuple[Taken, list[Outgoing]]] = []
+        held: list[tuple[float, Taken, dict[str, Any]]] = []
         try:
             for taken in batch:
                 message = taken.message
@@ -103,29 +106,66 @@ class DeliveryHandler:
                 not_before = record["notBefore"] / 1000
                 if not_before > now:
                     if not_before - now <= HOLD_SECONDS:
-                        self._spawn(self._process_when_due(taken, record, loop, not_before))
+                        held.append((not_before, taken, record))
                         continue
                     # Pause the partition; resume a little early so the head is then held here
                     # and attempted on time (a resume costs a fetch round trip).
                     loop.defer(taken, not_before - HOLD_SECONDS)
                     deferred.add(key)
                     continue
-                try:
-                    before = self._before_attempt(taken, record, now)
-                except SchemaRegistryUnavailable:
-                    raise
-                except Exception as exc:  # a bug must neither lose the record nor stall it
-                    before = self._internal_error(taken, record, exc)
-                if isinstance(before, list):
-                    decided.append((taken, before))
-                else:  # a request to make: a task of its own
-                    destination, final = before
-                    self._spawn(self._process(taken, record, loop, (destination, final, now)))
+                self._start(taken, record, loop, now, decided)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # nothing of this batch is finished: a restart delivers it
             return
         if decided:
             self._spawn(self._hand_off_all(decided, loop))
+        if held:  # one task for the batch's held records, not a task and a timer each
+            self._spawn(self._start_when_due(held, loop))
+
+    def _start(
+        self,
+        taken: Taken,
+        record: dict[str, Any],
+        loop: ConsumerLoop,
+        now: float,
+        decided: list[tuple[Taken, list[Outgoing]]],
+    ) -> None:
+        """A due record: decided without a request (appended to ``decided``), or a request's
+        task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
+        try:
+            before = self._before_attempt(taken, record, now)
+        except SchemaRegistryUnavailable:
+            raise
+        except Exception as exc:  # a bug must neither lose the record nor stall it
+            before = self._internal_error(taken, record, exc)
+        if isinstance(before, list):
+            decided.append((taken, before))
+        else:
+            destination, final = before
+            self._spawn(self._process(taken, record, loop, destination, final, now))
+
+    async def _start_when_due(
+        self, held: list[tuple[float, Taken, dict[str, Any]]], loop: ConsumerLoop
+    ) -> None:
+        """Start each held record at its ``notBefore``, never before; those due together are
+        decided together (one hand-off)."""
+        held.sort(key=_due)  # stable: a partition's records keep their order
+        index = 0
+        while index < len(held):
+            while (wait := held[index][0] - time.time()) > 0:  # never early, whatever the timer
+                await asyncio.sleep(wait)
+            now = time.time()
+            decided: list[tuple[Taken, list[Outgoing]]] = []
+            try:
+                while index < len(held) and held[index][0] <= now:
+                    _, taken, record = held[index]
+                    index += 1
+                    self._start(taken, record, loop, now, decided)
+            except SchemaRegistryUnavailable as exc:
+                self._give_up(exc)  # what is not finished is delivered after a restart
+                return
+            if decided:
+                self._spawn(self._hand_off_all(decided, loop))
 
     def _give_up(self, exc: BaseException) -> None:
         """Not a record's fault (the Schema Registry is down): stop the worker, finish nothing."""
@@ -169,22 +209,21 @@ class DeliveryHandler:
         )
         return [self._dlq(letter)]
 
-    async def _process_when_due(
-        self, taken: Taken, record: dict[str, Any], loop: ConsumerLoop, not_before: float
-    ) -> None:
-        while (wait := not_before - time.time()) > 0:  # never early, whatever the timer does
-            await asyncio.sleep(wait)
-        await self._process(taken, record, loop)
-
     async def _process(
         self,
         taken: Taken,
         record: dict[str, Any],
         loop: ConsumerLoop,
-        prepared: tuple[Destination, bool, float] | None = None,
+        destination: Destination,
+        final: bool,
+        now: float,
     ) -> None:
+        """Steps 3 to 5 for a record ``_before_attempt`` (at ``now``) cleared for a request."""
         try:
-            out = await self._attempt(taken, record, prepared)
+            results = await self._sender.attempt(
+                destination, record["body"], record["messageId"], final=final
+            )
+            out = self._conclude(taken, record, results, now, time.time())
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
@@ -193,29 +232,6 @@ class DeliveryHandler:
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
         loop.finish(taken)
-
-    async def _attempt(
-        self,
-        taken: Taken,
-        record: dict[str, Any],
-        prepared: tuple[Destination, bool, float] | None = None,
-    ) -> list[Outgoing]:
-        """Attempt the delivery; return the hand-off to produce (empty when delivered).
-
-        ``prepared``: what ``_before_attempt`` already said (destination, final attempt, at).
-        """
-        if prepared is None:  # a held record, now due: the same checks as in handle()
-            now = time.time()
-            before = self._before_attempt(taken, record, now)
-            if isinstance(before, list):
-                return before
-            destination, final = before
-        else:
-            destination, final, now = prepared
-        results = await self._sender.attempt(
-            destination, record["body"], record["messageId"], final=final
-        )
-        return self._conclude(taken, record, results, now, time.time())
 
     def _before_attempt(
         self, taken: Taken, record: dict[str, Any], now: float
@@ -257,7 +273,7 @@ class DeliveryHandler:
         if not final:
             refused = self._sender.refused_by_circuits(destination)
             if refused is not None:
-                return self._conclude(taken, record, refused, now, now)
+                return self._conclude(taken, record, refused, now, None)
         return destination, final
 
     def _conclude(
@@ -266,13 +282,20 @@ class DeliveryHandler:
         record: dict[str, Any],
         results: Sequence[UrlResult],
         now: float,
-        finished: float,
+        finished: float | None,
     ) -> list[Outgoing]:
-        """Steps 3 and 4 after the attempt (begun at ``now``): the hand-off by outcome."""
+        """Steps 3 and 4 after the attempt (begun at ``now``): the hand-off by outcome.
+
+        ``finished``: when the attempt ended; ``None`` when no request was made (every circuit
+        open), which is no attempt to time.
+        """
         message = taken.message
         first = record["firstAttemptAt"]
         decision = decide(results)
-        metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
+        if finished is None:
+            finished = now
+        else:
+            metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
 
         if decision.outcome is Outcome.DELIVERED:
             self._outcomes[Outcome.DELIVERED].inc()
@@ -302,14 +325,18 @@ class DeliveryHandler:
         self._outcomes[Outcome.RETRY].inc()
         record["tier"] = retry.tier
         record["notBefore"] = int(retry.not_before * 1000)
-        metrics.RETRIES.labels(str(retry.tier)).inc()
+        self._retries[retry.tier].inc()
         return [
             (
-                self._topics.retry[retry.tier],
+                self._retry_topics[retry.tier],
                 message.key(),
                 self._codec.encode("Delivery", record),
             )
         ]
+
+
+def _due(item: tuple[float, Taken, dict[str, Any]]) -> float:
+    return item[0]
 
 
 def _attempt_entries(results: Sequence[UrlResult], started: float) -> list[dict[str, Any]]:

@@ -104,14 +104,28 @@ class _Target:
     The address policy is fixed for the sender's life, so an IP-literal host's verdict is too.
     """
 
-    __slots__ = ("endpoint", "failure", "detail")
+    __slots__ = ("url", "endpoint", "failure", "detail", "_refusal")
 
     def __init__(
-        self, endpoint: _Endpoint | None, failure: Failure | None = None, detail: str = ""
+        self,
+        url: str,
+        endpoint: _Endpoint | None,
+        failure: Failure | None = None,
+        detail: str = "",
     ) -> None:
+        self.url = url
         self.endpoint = endpoint
         self.failure = failure
         self.detail = detail
+        self._refusal: UrlResult | None = None
+
+    def refusal(self) -> UrlResult:
+        """The result of not trying this URL because its endpoint's circuit is open (made once:
+        a hanging endpoint's records all take it)."""
+        if self._refusal is None:
+            assert self.endpoint is not None
+            self._refusal = _circuit_open(self.url, self.endpoint)
+        return self._refusal
 
 
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
@@ -216,7 +230,7 @@ class WebhookSender:
             endpoint = target.endpoint
             if endpoint is None or not endpoint.breaker.refuses():
                 return None
-            results.append(_circuit_open(hook.url, endpoint))
+            results.append(target.refusal())
         return results
 
     def _target(self, url: str) -> _Target:
@@ -237,15 +251,15 @@ class WebhookSender:
                 f"{parts.scheme}://{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
             )
         except ValueError as exc:
-            return _Target(None, Failure.INVALID_URL, str(exc))
+            return _Target(url, None, Failure.INVALID_URL, str(exc))
         if _is_ip_literal(host):
             refusal = self._policy.refusal(host)
             if refusal is not None:
-                return _Target(None, Failure.BLOCKED_ADDRESS, refusal)
+                return _Target(url, None, Failure.BLOCKED_ADDRESS, refusal)
         endpoint = self._endpoints.get(origin)
         if endpoint is None:
             endpoint = self._endpoints[origin] = _Endpoint(origin, self._settings)
-        return _Target(endpoint)
+        return _Target(url, endpoint)
 
     async def _guarded_post(
         self, url: str, headers: dict[str, str], body: bytes, final: bool = False
@@ -257,7 +271,7 @@ class WebhookSender:
             return UrlResult(url, failure=target.failure, detail=target.detail)
         async with endpoint.slots:
             if not final and not endpoint.breaker.allow():
-                return _circuit_open(url, endpoint)
+                return target.refusal()
             result = await self.post(url, headers, body)
         if result.ok:
             endpoint.breaker.record(ok=True)

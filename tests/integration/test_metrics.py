@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline._net import free_port
 from pipeline._settings import Settings
-from tests.conftest import ROOT, Receiver, apply, send_calls, wait_for
+from tests.conftest import ROOT, Receiver, apply, send_calls, simple_config, stays, wait_for
 from tests.integration.test_deploy import require_system_tools
 
 DESTINATIONS = ("ok", "flaky", "gone", "broken")
@@ -247,6 +247,36 @@ def test_worker_metrics_show_the_exact_counts_of_a_scripted_run(
     # Consumer lag comes from librdkafka statistics (every 5 s) for the worker's own topics only.
     lag_topics = {dict(labels)["topic"] for (n, labels) in samples if n == "pipeline_consumer_lag"}
     assert all(topic.startswith(settings.topic_prefix) for topic in lag_topics), lag_topics
+
+
+def test_an_open_circuit_counts_retries_but_no_attempts(
+    settings, receiver_factory, process_factory
+):
+    """Records refused by an open circuit go to the next tier without a request: they count as
+    retries, and ``pipeline_delivery_attempt_seconds`` (one sample per real attempt) skips them."""
+    # Two failures open the circuit for a minute; the tier-0 retries (1 s) all meet it open and
+    # go on to tier 1 (10 minutes): after that nothing more happens during the test.
+    settings = settings.replace(
+        circuit_failures=2, circuit_cool_down=60.0, retry_delays=(1.0, 600.0)
+    )
+    receiver = receiver_factory(500)
+    apply(settings, simple_config(receiver.url))
+    port = free_port()
+    process_factory(settings, "worker", "--metrics-port", str(port))
+    wait_for(lambda: try_scrape(port), timeout=30)
+    calls = [
+        {"type": "track", "userId": f"u{n}", "event": "E", "messageId": f"c{n}"} for n in range(6)
+    ]
+    send_calls(settings, calls, "wk")
+
+    samples = wait_until_settled(
+        port, {("pipeline_retries_total", (("tier", "1"),)): 6}, timeout=30
+    )
+    requests = receiver.count()
+    assert 2 <= requests <= 6  # first attempts only, until the circuit opened
+    assert samples[("pipeline_deliveries_total", (("outcome", "retry"),))] == 12
+    assert samples[("pipeline_delivery_attempt_seconds_count", ())] == requests
+    assert stays(lambda: receiver.count() == requests, 0.5)
 
 
 # ---- one process per role, added up by a real Prometheus ---------------------------------------

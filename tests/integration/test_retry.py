@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import orjson
 
+from pipeline._codec import Codec
+from pipeline._kafka import topics_for
+from pipeline._topic_reader import read_topic
 from tests.conftest import apply, dead_letters, run_cli, send_calls, simple_config, stays, wait_for
 
 TRACK = {"type": "track", "userId": "u1", "event": "Retried"}
@@ -33,6 +36,28 @@ def test_503_503_200_is_delivered_once_after_two_retries(
     assert third - second >= 1.8, "tier 1 is 2 s - 10 %"
     assert len(receiver.delivered()) == 1
     assert len({r.body for r in receiver.requests}) == 1, "every retry sends the same bytes"
+
+
+def test_retries_are_never_sent_before_their_not_before(settings, receiver_factory, worker_factory):
+    """Seed §4.1: a retry waits for its tier. 60 records fail their first attempt together, so the
+    retry worker takes them in batches with many due times each (held, then started one by one)."""
+    settings = settings.replace(circuit_failures=1000)  # keep the circuit breaker out of it
+    receiver = receiver_factory(200)
+    receiver.responses = [503] * 60
+    apply(settings, simple_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, [dict(TRACK, messageId=f"early-{n}") for n in range(60)], "wk")
+
+    wait_for(lambda: len(receiver.delivered()) == 60, timeout=30)
+    due = {}
+    for message in read_topic(settings, topics_for(settings).retry[0], timeout=30):
+        record = Codec.default().decode("Delivery", message.value())
+        due[record["messageId"]] = record["notBefore"] / 1000
+    retried = {r.json["messageId"]: r.at for r in receiver.requests if r.answer == 200}
+    assert sorted(due) == sorted(retried)
+    late = sorted(retried[m] - due[m] for m in due)
+    assert late[0] >= 0, f"a retry was sent {-late[0] * 1000:.1f} ms before its notBefore"
+    assert late[-1] < 1.0, f"a retry was sent {late[-1]:.2f} s after its notBefore"
 
 
 def test_always_500_is_dead_lettered_at_the_deadline(settings, receiver_factory, worker_factory):
