@@ -128,8 +128,9 @@ class Request:
 class Receiver:
     """A real HTTP server on 127.0.0.1 whose answers a test scripts.
 
-    ``responses`` is consumed one per request (status, or (status, headers), or "hang");
-    when it is empty every request gets ``default``.
+    ``responses`` is consumed one per request (status, or (status, headers), or "hang", or a
+    function of the request body giving one of those); when it is empty every request gets
+    ``default``.
     """
 
     url: str
@@ -189,6 +190,8 @@ def receiver_factory() -> Iterator[Callable[..., Receiver]]:
             body = await request.read()
             with receiver.lock:
                 answer = receiver.responses.pop(0) if receiver.responses else receiver.default
+                if callable(answer):  # answer by the request's body
+                    answer = answer(body)
                 receiver.requests.append(
                     Request(request.path, dict(request.headers), body, time.time(), answer)
                 )

@@ -255,9 +255,13 @@ def test_an_open_circuit_counts_retries_but_no_attempts(
     """Records refused by an open circuit go to the next tier without a request: they count as
     retries, and ``pipeline_delivery_attempt_seconds`` (one sample per real attempt) skips them."""
     # Two failures open the circuit for a minute; the tier-0 retries (1 s) all meet it open and
-    # go on to tier 1 (10 minutes): after that nothing more happens during the test.
+    # go on to tier 1 (10 minutes, well before the deadline, so not a final attempt): after that
+    # nothing more happens during the test.
     settings = settings.replace(
-        circuit_failures=2, circuit_cool_down=60.0, retry_delays=(1.0, 600.0)
+        circuit_failures=2,
+        circuit_cool_down=60.0,
+        retry_delays=(1.0, 600.0),
+        retry_deadline=3600.0,
     )
     receiver = receiver_factory(500)
     apply(settings, simple_config(receiver.url))

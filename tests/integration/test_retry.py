@@ -42,8 +42,16 @@ def test_retries_are_never_sent_before_their_not_before(settings, receiver_facto
     """Seed §4.1: a retry waits for its tier. 60 records fail their first attempt together, so the
     retry worker takes them in batches with many due times each (held, then started one by one)."""
     settings = settings.replace(circuit_failures=1000)  # keep the circuit breaker out of it
-    receiver = receiver_factory(200)
-    receiver.responses = [503] * 60
+    tried: set[str] = set()
+
+    def fail_first_attempts(body: bytes) -> int:
+        message_id = orjson.loads(body)["messageId"]
+        if message_id in tried:
+            return 200
+        tried.add(message_id)
+        return 503
+
+    receiver = receiver_factory(fail_first_attempts)
     apply(settings, simple_config(receiver.url))
     worker_factory(settings)
     send_calls(settings, [dict(TRACK, messageId=f"early-{n}") for n in range(60)], "wk")
@@ -57,7 +65,8 @@ def test_retries_are_never_sent_before_their_not_before(settings, receiver_facto
     assert sorted(due) == sorted(retried)
     late = sorted(retried[m] - due[m] for m in due)
     assert late[0] >= 0, f"a retry was sent {-late[0] * 1000:.1f} ms before its notBefore"
-    assert late[-1] < 1.0, f"a retry was sent {late[-1]:.2f} s after its notBefore"
+    # Late by milliseconds in `make bench` (section 6); the bound here leaves room for a loaded CI.
+    assert late[-1] < 3.0, f"a retry was sent {late[-1]:.2f} s after its notBefore"
 
 
 def test_always_500_is_dead_lettered_at_the_deadline(settings, receiver_factory, worker_factory):
