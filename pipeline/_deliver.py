@@ -30,7 +30,7 @@ from ._config_store import ConfigFollower
 from ._consumer_loop import ConsumerLoop, Taken
 from ._dead_letters import dead_letter
 from ._exceptions import UndecodableRecord
-from ._outcomes import DeadLetterReason, Outcome, UrlResult, decide
+from ._outcomes import DeadLetterReason, Failure, Outcome, UrlResult, decide
 from ._producer import AsyncProducer, Outgoing
 from ._registry_codec import SchemaRegistryUnavailable
 from ._retry_schedule import RetrySchedule
@@ -223,7 +223,9 @@ class DeliveryHandler:
             results = await self._sender.attempt(
                 destination, record["body"], record["messageId"], final=final
             )
-            out = self._conclude(taken, record, results, now, time.time())
+            # Every circuit turned out open once a connection slot was free: no request either.
+            tried = not all(result.failure is Failure.CIRCUIT_OPEN for result in results)
+            out = self._conclude(taken, record, results, now, time.time() if tried else None)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
