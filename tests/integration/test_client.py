@@ -112,14 +112,15 @@ class ClientContract:
         client.track(f"{tag}h", "Historical", timestamp="2020-01-02T03:04:05.678Z")
         records = tagged_calls.wait(4, timeout=10)
         waited = time.monotonic() - started
-        assert 0.5 <= waited <= 3.0, waited
+        assert 0.5 <= waited <= 10.0, waited  # not before flush_after; the top is for slow CI
         wait_for(lambda: client.sent == 4, timeout=5)
         assert client.batches == 1
         for record in records:
             if record["event"] == "Historical":  # an explicit timestamp is kept as it is
                 assert record["timestamp"] == parse_timestamp("2020-01-02T03:04:05.678Z")
             else:  # the call time, not the flush time (clock skew corrected on the server)
-                assert abs(record["timestamp"] - called) < 250, record["timestamp"] - called
+                # (the flush time would be 600 ms or more after it)
+                assert abs(record["timestamp"] - called) < 450, record["timestamp"] - called
                 assert record["receivedAt"] >= called + 500
             assert record["sourceId"] == SOURCE_ID
 
@@ -253,7 +254,7 @@ class ClientContract:
             started = time.monotonic()
             for n in range(40):
                 client.track(f"{tag}{n}", "Dropped?")
-            assert time.monotonic() - started < 0.5  # the caller never waits
+            assert time.monotonic() - started < 2.0  # the caller never waits (~1 ms when idle)
             assert (client.queued, client.dropped, client.sent) == (5, 35, 0)
             full = [(e, m) for e, m in errors if isinstance(e, QueueFull)]
             assert len(full) == 35
@@ -267,7 +268,11 @@ class ClientContract:
             assert time.monotonic() - closed_at < 3
         # The in-flight call and the five queued ones are reported as undelivered at close.
         wait_for(lambda: client.failed == 6, timeout=15)
-        closed = [m for e, ms in errors if isinstance(e, ClientClosed) for m in ms]
+
+        def closed_calls() -> list[dict[str, Any]]:  # on_error runs just after the count
+            return [m for e, ms in errors if isinstance(e, ClientClosed) for m in ms]
+
+        closed = wait_for(lambda: len(closed_calls()) == 6 and closed_calls(), timeout=5)
         assert sorted(m["userId"] for m in closed) == sorted(
             [f"{tag}first"] + [f"{tag}{n}" for n in range(5)]
         )

@@ -720,7 +720,8 @@ def test_bad_input_gets_the_exact_error_and_loses_nothing(ingest, tagged_calls, 
             response = http.post(ingest.url + path, content=body, headers=headers)
             assert (response.status_code, response.json()) == (status, error), name
             assert response.headers["Content-Type"] == "application/json", name
-            assert time.monotonic() - started < 2.0, name
+            # Answered at once, not after a stall (the gzip bomb is not inflated): seconds, not 30.
+            assert time.monotonic() - started < 10.0, name
         send_good(http)
         assert http.get(ingest.url + "/health").json() == {"status": "ok"}
         assert http.get(ingest.url + "/ready").json() == {"ready": True}
@@ -805,7 +806,8 @@ def test_paused_broker_gets_503_never_200_and_the_api_recovers(ingest_factory):
             broker.resume()
             attempts = iter(range(100))
             wait_for(lambda: post(http, f"after-{next(attempts)}").status_code == 200, timeout=30)
-            assert http.get(server.url + "/ready").status_code == 200
+            # /ready asks the broker for metadata itself: it may need another moment.
+            wait_for(lambda: http.get(server.url + "/ready").status_code == 200, timeout=10)
         reader = CallsTopic(settings)
         try:
             written = {r["messageId"] for r in reader.wait(len(acked))}

