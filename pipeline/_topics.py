@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Topics"]
 
@@ -17,6 +17,12 @@ class Topics:
 
     prefix: str = ""
     retry_tiers: int = 5
+    #: The retry tier topics, by tier (named once: the delivery handler asks per record).
+    retry: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tiers = tuple(f"{self.deliveries}.retry.{n}" for n in range(self.retry_tiers))
+        object.__setattr__(self, "retry", tiers)  # a frozen dataclass sets its own fields so
 
     @property
     def calls(self) -> str:
@@ -29,10 +35,6 @@ class Topics:
     @property
     def deliveries(self) -> str:
         return f"{self.prefix}deliveries.webhooks"
-
-    @property
-    def retry(self) -> tuple[str, ...]:
-        return tuple(f"{self.deliveries}.retry.{n}" for n in range(self.retry_tiers))
 
     @property
     def dlq(self) -> str:
