@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from . import _metrics as metrics
@@ -76,8 +77,7 @@ class DeliveryHandler:
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
-        self._retry_topics = topics.retry
-        self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(self._retry_topics))]
+        self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(topics.retry))]
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -149,7 +149,7 @@ class DeliveryHandler:
     ) -> None:
         """Start each held record at its ``notBefore``, never before; those due together are
         decided together (one hand-off)."""
-        held.sort(key=_due)  # stable: a partition's records keep their order
+        held.sort(key=itemgetter(0))  # by due time; stable: a partition's records keep their order
         index = 0
         while index < len(held):
             while (wait := held[index][0] - time.time()) > 0:  # never early, whatever the timer
@@ -223,9 +223,7 @@ class DeliveryHandler:
             results = await self._sender.attempt(
                 destination, record["body"], record["messageId"], final=final
             )
-            # Every circuit turned out open once a connection slot was free: no request either.
-            tried = not all(result.failure is Failure.CIRCUIT_OPEN for result in results)
-            out = self._conclude(taken, record, results, now, time.time() if tried else None)
+            out = self._conclude(taken, record, results, now, time.time())
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
@@ -275,7 +273,7 @@ class DeliveryHandler:
         if not final:
             refused = self._sender.refused_by_circuits(destination)
             if refused is not None:
-                return self._conclude(taken, record, refused, now, None)
+                return self._conclude(taken, record, refused, now, now)
         return destination, final
 
     def _conclude(
@@ -284,19 +282,17 @@ class DeliveryHandler:
         record: dict[str, Any],
         results: Sequence[UrlResult],
         now: float,
-        finished: float | None,
+        finished: float,
     ) -> list[Outgoing]:
         """Steps 3 and 4 after the attempt (begun at ``now``): the hand-off by outcome.
 
-        ``finished``: when the attempt ended; ``None`` when no request was made (every circuit
-        open), which is no attempt to time.
+        Results that are all ``circuit_open`` (known before, or once a connection slot was free)
+        mean no request was made: no attempt to time.
         """
         message = taken.message
         first = record["firstAttemptAt"]
         decision = decide(results)
-        if finished is None:
-            finished = now
-        else:
+        if not all(result.failure is Failure.CIRCUIT_OPEN for result in results):
             metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
 
         if decision.outcome is Outcome.DELIVERED:
@@ -330,15 +326,11 @@ class DeliveryHandler:
         self._retries[retry.tier].inc()
         return [
             (
-                self._retry_topics[retry.tier],
+                self._topics.retry[retry.tier],
                 message.key(),
                 self._codec.encode("Delivery", record),
             )
         ]
-
-
-def _due(item: tuple[float, Taken, dict[str, Any]]) -> float:
-    return item[0]
 
 
 def _attempt_entries(results: Sequence[UrlResult], started: float) -> list[dict[str, Any]]:
