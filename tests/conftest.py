@@ -179,6 +179,19 @@ class _ServerThread:
         self.loop.close()
 
 
+def by_attempt(*first: int, then: int) -> Callable[[bytes], int]:
+    """Answers per messageId: ``first`` to its first requests in turn, ``then`` to the rest (so
+    the script holds whatever order concurrent requests arrive in)."""
+    seen: dict[str, int] = {}
+
+    def answer(body: bytes) -> int:
+        message_id = orjson.loads(body)["messageId"]
+        n = seen[message_id] = seen.get(message_id, 0) + 1
+        return first[n - 1] if n <= len(first) else then
+
+    return answer
+
+
 @pytest.fixture
 def receiver_factory() -> Iterator[Callable[..., Receiver]]:
     server = _ServerThread()

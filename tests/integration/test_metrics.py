@@ -34,7 +34,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline._net import free_port
 from pipeline._settings import Settings
-from tests.conftest import ROOT, Receiver, apply, send_calls, simple_config, stays, wait_for
+from tests.conftest import (
+    ROOT,
+    Receiver,
+    apply,
+    by_attempt,
+    send_calls,
+    simple_config,
+    stays,
+    wait_for,
+)
 from tests.integration.test_deploy import require_system_tools
 
 DESTINATIONS = ("ok", "flaky", "gone", "broken")
@@ -130,19 +139,6 @@ def scripted_settings(settings: Settings) -> Settings:
     of failures (``flaky`` fails 2 x ROUTED times in a row): an open circuit would turn attempts
     into "not tried" retries, and this test is about counting known paths."""
     return settings.replace(circuit_failures=2 * ROUTED + 1)
-
-
-def by_attempt(*first: int, then: int) -> Callable[[bytes], int]:
-    """Answers per messageId: ``first`` to its first requests in turn, ``then`` to the rest (so
-    the script holds whatever order concurrent requests arrive in)."""
-    seen: dict[str, int] = {}
-
-    def answer(body: bytes) -> int:
-        message_id = json.loads(body)["messageId"]
-        n = seen[message_id] = seen.get(message_id, 0) + 1
-        return first[n - 1] if n <= len(first) else then
-
-    return answer
 
 
 def script(settings: Settings, receiver_factory: Callable[..., Receiver]) -> dict[str, Receiver]:

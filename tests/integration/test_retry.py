@@ -11,7 +11,16 @@ import orjson
 from pipeline._codec import Codec
 from pipeline._kafka import topics_for
 from pipeline._topic_reader import read_topic
-from tests.conftest import apply, dead_letters, run_cli, send_calls, simple_config, stays, wait_for
+from tests.conftest import (
+    apply,
+    by_attempt,
+    dead_letters,
+    run_cli,
+    send_calls,
+    simple_config,
+    stays,
+    wait_for,
+)
 
 TRACK = {"type": "track", "userId": "u1", "event": "Retried"}
 
@@ -42,16 +51,7 @@ def test_retries_are_never_sent_before_their_not_before(settings, receiver_facto
     """Seed §4.1: a retry waits for its tier. 60 records fail their first attempt together, so the
     retry worker takes them in batches with many due times each (held, then started one by one)."""
     settings = settings.replace(circuit_failures=1000)  # keep the circuit breaker out of it
-    tried: set[str] = set()
-
-    def fail_first_attempts(body: bytes) -> int:
-        message_id = orjson.loads(body)["messageId"]
-        if message_id in tried:
-            return 200
-        tried.add(message_id)
-        return 503
-
-    receiver = receiver_factory(fail_first_attempts)
+    receiver = receiver_factory(by_attempt(503, then=200))
     apply(settings, simple_config(receiver.url))
     worker_factory(settings)
     send_calls(settings, [dict(TRACK, messageId=f"early-{n}") for n in range(60)], "wk")
