@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from pipeline._broker import EmbeddedBroker
-from pipeline._topic_reader import read_topic
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.topic_reader import read_topic
 
 from ._baselines import raw_post_rate
 from ._harness import (
@@ -427,9 +427,9 @@ def section_rss(bench: Bench) -> None:
 
 
 def section_ingest(bench: Bench) -> None:
-    from pipeline._config import validate_config
-    from pipeline._config_store import apply_config
-    from pipeline._net import free_port
+    from pipeline.core.config import validate_config
+    from pipeline.kafka.config_store import apply_config
+    from pipeline.runtime.net import free_port
 
     from . import ingest_client as ic
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import orjson
 
-from pipeline._calls import Call, CallType
-from pipeline._codec import Codec
-from pipeline._config import validate_config
-from pipeline._config_store import apply_config
-from pipeline._kafka import create_topics, make_producer, topics_for
-from pipeline._records import call_from_record, call_to_record, new_delivery
-from pipeline._render import render_body
-from pipeline._sender import USER_AGENT
-from pipeline._settings import Settings
-from pipeline._signing import SIGNATURE_HEADER, sign
+from pipeline.core.calls import Call, CallType
+from pipeline.core.config import validate_config
+from pipeline.core.records import call_from_record, call_to_record, new_delivery
+from pipeline.core.render import render_body
+from pipeline.core.settings import Settings
+from pipeline.core.signing import SIGNATURE_HEADER, sign
+from pipeline.http.sender import USER_AGENT
+from pipeline.kafka.clients import create_topics, make_producer, topics_for
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.config_store import apply_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-s3cret"

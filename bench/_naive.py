@@ -15,11 +15,11 @@ import sys
 import requests
 from confluent_kafka import Consumer
 
-from pipeline._codec import Codec
-from pipeline._kafka import consumer_config, topics_for
-from pipeline._records import call_from_record
-from pipeline._render import render_body
-from pipeline._settings import Settings
+from pipeline.core.records import call_from_record
+from pipeline.core.render import render_body
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import consumer_config, topics_for
+from pipeline.kafka.codec import Codec
 
 from ._harness import webhook_headers
 

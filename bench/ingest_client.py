@@ -34,13 +34,13 @@ from typing import Any
 import httpx
 import orjson
 
-from pipeline._broker import EmbeddedBroker
-from pipeline._config import validate_config
-from pipeline._config_store import apply_config
-from pipeline._kafka import create_topics
-from pipeline._net import free_port
-from pipeline._settings import Settings
 from pipeline.client import Client
+from pipeline.core.config import validate_config
+from pipeline.core.settings import Settings
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import create_topics
+from pipeline.kafka.config_store import apply_config
+from pipeline.runtime.net import free_port
 
 WRITE_KEY = "wk_bench"
 

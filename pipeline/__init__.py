@@ -6,8 +6,8 @@ The client library lives in ``pipeline.client``. Everything in a ``_module`` may
 
 from __future__ import annotations
 
-from ._calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType, parse_call
-from ._exceptions import (
+from pipeline.core.calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType, parse_call
+from pipeline.core.exceptions import (
     BrokerUnavailable,
     CallTooLarge,
     ConfigError,
@@ -16,9 +16,9 @@ from ._exceptions import (
     UndecodableRecord,
     UnknownWriteKey,
 )
-from ._render import render_body
-from ._settings import Settings
-from ._signing import sign, verify
+from pipeline.core.render import render_body
+from pipeline.core.settings import Settings
+from pipeline.core.signing import sign, verify
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """Shared fixtures: one embedded broker per test session, everything else unique per test.
 
-Each test gets its own topic prefix (and so its own consumer groups, see ``pipeline._worker``),
+Each test gets its own topic prefix (and so its own consumer groups, see ``pipeline.roles.worker``),
 its own receivers on free 127.0.0.1 ports, and workers it starts and stops itself.
 """
 
@@ -22,12 +22,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from pipeline._broker import EmbeddedBroker
-from pipeline._config import validate_config
-from pipeline._config_store import apply_config
-from pipeline._kafka import create_topics
-from pipeline._settings import Settings
-from pipeline._worker import run_roles
+from pipeline.core.config import validate_config
+from pipeline.core.settings import Settings
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import create_topics
+from pipeline.kafka.config_store import apply_config
+from pipeline.roles.worker import run_roles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -320,7 +320,7 @@ def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
 def send_calls(settings: Settings, calls: list[dict[str, Any]], write_key: str) -> None:
     """Produce calls the way ``pipeline send`` does (in-process)."""
-    from pipeline._send import send_lines
+    from pipeline.ops.send import send_lines
 
     summary = send_lines(
         settings, [orjson.dumps(c) for c in calls], write_key=write_key, progress=False
@@ -335,8 +335,8 @@ def read_topic(
     """Read ``count`` Avro records of ``topic`` from the beginning (fails after ``timeout``)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from pipeline._codec import Codec
-    from pipeline._kafka import consumer_config
+    from pipeline.kafka.clients import consumer_config
+    from pipeline.kafka.codec import Codec
 
     consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
     metadata = consumer.list_topics(topic, timeout=10)
@@ -357,7 +357,7 @@ def read_topic(
 
 
 def dead_letters(settings: Settings, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-    from pipeline._kafka import topics_for
+    from pipeline.kafka.clients import topics_for
 
     return read_topic(settings, topics_for(settings).dlq, "DeadLetter", count, timeout)
 

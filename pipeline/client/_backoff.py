@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._outcomes import parse_retry_after as _parse_retry_after
+from pipeline.core.outcomes import parse_retry_after as _parse_retry_after
 
 __all__ = ["Backoff", "parse_retry_after"]
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import orjson
 
-from .._calls import MAX_BATCH_BYTES
+from pipeline.core.calls import MAX_BATCH_BYTES
+
 from ._messages import Queued
 
 __all__ = ["MAX_BATCH_BODY", "split_batches", "batch_body", "ENVELOPE_BYTES"]

@@ -1,6 +1,6 @@
 """Errors of the client library, each mapping onto one decision of the caller.
 
-    PipelineError                      (pipeline._exceptions)
+    PipelineError                      (pipeline.core.exceptions)
     ├── InvalidCall                    raised by a call method: fix the call; nothing was queued
     │   └── CallTooLarge               a call over 32 KB; nothing was queued
     └── ClientError
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._exceptions import CallTooLarge, InvalidCall, PipelineError
+from pipeline.core.exceptions import CallTooLarge, InvalidCall, PipelineError
 
 __all__ = [
     "CallTooLarge",

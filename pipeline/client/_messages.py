@@ -1,6 +1,6 @@
 """Turning a call method's arguments into a Segment-format message, validated and encoded.
 
-The rules are the server's: every message goes through ``pipeline._calls.parse_call``, so a call
+The rules are the server's: every message goes through ``pipeline.core.calls.parse_call``, so a call
 the client accepts is a call the ingestion API accepts, and the client refuses at once (with the
 field named) what the API would refuse later.
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from .._calls import Call, new_message_id, parse_call, unencodable_field
-from .._exceptions import InvalidCall
-from .._timestamps import format_timestamp, now_ms
+from pipeline.core.calls import Call, new_message_id, parse_call, unencodable_field
+from pipeline.core.exceptions import InvalidCall
+from pipeline.core.timestamps import format_timestamp, now_ms
 
 __all__ = ["Queued", "build_message", "prepare", "LIBRARY"]
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .._timestamps import now_ms
+from pipeline.core.timestamps import now_ms
+
 from ._log import log
 from ._messages import Queued, build_message
 

@@ -22,12 +22,14 @@ import httpx
 import orjson
 from confluent_kafka import KafkaError, Producer
 
-from .._kafka import producer_config, topics_for
-from .._producer import FATAL_PRODUCER_CODES, FATAL_PRODUCER_ERRORS, AsyncProducer
-from .._records import call_to_record
-from .._registry_codec import make_codec
-from .._settings import Settings
-from .._timestamps import format_timestamp, now_ms
+from pipeline.core.records import call_to_record
+from pipeline.core.settings import Settings
+from pipeline.core.timestamps import format_timestamp, now_ms
+from pipeline.kafka.clients import producer_config, topics_for
+from pipeline.kafka.errors import FATAL_PRODUCER_CODES
+from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.registry_codec import make_codec
+
 from ._backoff import parse_retry_after
 from ._batches import batch_body
 from ._errors import DeliveryError
@@ -323,7 +325,7 @@ class AsyncKafkaTransport:
         failed = await self._producer.send_all(records)
         if not failed:
             return
-        if any(error in FATAL_PRODUCER_ERRORS for _, error in failed):
+        if any(failure.refusal.fatal for failure in failed):
             broken, self._producer = self._producer, None  # fenced: the next try gets a new one
             await asyncio.to_thread(broken.close, 0.0)
         index = {value: i for i, (_, _, value) in enumerate(records)}

@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline import _audience_sync
-from pipeline._audience import TraitKind, TraitSpec, read_members
-from pipeline._audience_sync import load_state, sync
-from pipeline._kafka import topics_for
-from pipeline._settings import Settings
+import pipeline.ops.audience_sync as audience_sync_module
+from pipeline.core.audience import TraitKind, TraitSpec, read_members
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import topics_for
+from pipeline.ops.audience_sync import load_state, sync
 from tests.conftest import ROOT, Receiver, apply, run_cli, settings_env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -148,7 +148,7 @@ def test_rerun_after_a_crash_never_leaves_a_wrong_value(
     spec = TraitSpec.of(TraitKind.AUDIENCE, "web", AUDIENCE)
     state_topic = topics_for(settings).audience_state
 
-    class CrashBeforeConfirming(_audience_sync.AckedProducer):
+    class CrashBeforeConfirming(audience_sync_module.AckedProducer):
         """Dies at the first state record written after the identify calls."""
 
         calls_sent = False
@@ -160,7 +160,7 @@ def test_rerun_after_a_crash_never_leaves_a_wrong_value(
                 raise KeyboardInterrupt("crash between sending and confirming")
             super().produce(topic, key, value, **kwargs)
 
-    monkeypatch.setattr(_audience_sync, "AckedProducer", CrashBeforeConfirming)
+    monkeypatch.setattr(audience_sync_module, "AckedProducer", CrashBeforeConfirming)
     with pytest.raises(KeyboardInterrupt):
         sync(settings, spec, read_members([b"a\n", b"b\n"]), progress=False)
     monkeypatch.undo()
@@ -245,7 +245,7 @@ def test_bad_input_is_rejected_before_anything_is_sent(settings: Settings, tmp_p
 
 MEASURE = """
 import json, resource, sys, time
-from pipeline._cli import main
+from pipeline.commands.cli import main
 started = time.monotonic()
 code = main(sys.argv[1:])
 seconds = time.monotonic() - started

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from pipeline._net import free_port, port_open
+from pipeline.runtime.net import free_port, port_open
 from tests.conftest import ROOT, run_cli, wait_for
 
 

@@ -22,9 +22,6 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline._calls import MAX_CALL_BYTES
-from pipeline._net import free_port
-from pipeline._timestamps import now_ms, parse_timestamp
 from pipeline.client import (
     AsyncClient,
     CallTooLarge,
@@ -36,6 +33,9 @@ from pipeline.client import (
 )
 from pipeline.client import __all__ as client_all
 from pipeline.client._messages import build_message
+from pipeline.core.calls import MAX_CALL_BYTES
+from pipeline.core.timestamps import now_ms, parse_timestamp
+from pipeline.runtime.net import free_port
 from tests.conftest import ROOT, wait_for
 from tests.integration import test_ingest as _ingest_tests
 from tests.integration.test_ingest import SOURCE_ID, WRITE_KEY, IngestThread

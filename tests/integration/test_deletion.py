@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline._settings import Settings
+from pipeline.core.settings import Settings
 from tests.conftest import Receiver, apply, run_cli, wait_for
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from pipeline._ingest import IngestOptions
+from pipeline.http.ingest import IngestOptions
 from tests.conftest import stays, wait_for
 from tests.integration.test_deletion import BODY, three_sources
 from tests.integration.test_ingest import ingest_factory  # noqa: F401 (fixture)

@@ -7,7 +7,7 @@ import ssl
 import trustme
 from confluent_kafka import Producer
 
-from pipeline._kafka import topics_for
+from pipeline.kafka.clients import topics_for
 from tests.conftest import apply, dead_letters, send_calls, simple_config, stays, wait_for
 
 

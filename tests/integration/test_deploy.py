@@ -30,10 +30,10 @@ import pytest
 import yaml
 from aiohttp import web
 
-from pipeline._codec import MAGIC, Codec
-from pipeline._exceptions import UndecodableRecord
-from pipeline._net import free_port
-from pipeline._settings import Settings
+from pipeline.core.exceptions import UndecodableRecord
+from pipeline.core.settings import Settings
+from pipeline.kafka.codec import MAGIC, Codec
+from pipeline.runtime.net import free_port
 from tests.conftest import ROOT
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -278,7 +278,7 @@ def test_compose_ports_are_unique_and_roles_scale(compose):
 
 
 def test_compose_runs_real_pipeline_commands(compose):
-    from pipeline._cli import build_parser
+    from pipeline.commands.cli import build_parser
 
     parser = build_parser()
     svc = services(compose)
@@ -337,7 +337,7 @@ def test_compose_environment_wires_kafka_registry_and_the_receiver_allowlist(com
 
 
 def test_compose_mounts_shipped_files_and_the_demo_config_is_valid(compose):
-    from pipeline._config import validate_config
+    from pipeline.core.config import validate_config
 
     svc = services(compose)
     mounts: dict[str, dict[str, Path]] = {}
@@ -424,7 +424,7 @@ def exported_metric_names() -> frozenset[str]:
     in _bucket, _sum, _count."""
     from prometheus_client import REGISTRY
 
-    import pipeline._metrics  # noqa: F401  (registers the metrics)
+    import pipeline.runtime.metrics  # noqa: F401  (registers the metrics)
 
     suffixes = {
         "counter": ("_total", "_created"),
@@ -671,7 +671,7 @@ def sample_record(schema: Any, named: dict[str, Any] | None = None, namespace: s
 
 
 def test_without_a_registry_url_records_use_single_object_encoding():
-    from pipeline._registry_codec import make_codec
+    from pipeline.kafka.registry_codec import make_codec
 
     codec = make_codec(Settings())
     assert codec is Codec.default()
@@ -682,7 +682,7 @@ def test_without_a_registry_url_records_use_single_object_encoding():
 
 
 def test_registry_schemas_are_self_contained_and_identical_to_ours():
-    from pipeline._registry_codec import registry_schemas
+    from pipeline.kafka.registry_codec import registry_schemas
 
     codec = Codec.default()
     texts = registry_schemas()
@@ -698,7 +698,7 @@ def canonical(parsed: Any) -> str:
 
 
 def test_registry_codec_round_trips_every_schema_in_the_confluent_wire_format(registry):
-    from pipeline._registry_codec import RegistryCodec, make_codec, registry_schemas
+    from pipeline.kafka.registry_codec import RegistryCodec, make_codec, registry_schemas
 
     codec = make_codec(Settings(schema_registry_url=registry.url))
     assert isinstance(codec, RegistryCodec)
@@ -745,7 +745,7 @@ def fastavro_body(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
 
 
 def test_registry_codec_resolves_an_older_writer_schema_and_reads_single_object_records(registry):
-    from pipeline._registry_codec import RegistryCodec
+    from pipeline.kafka.registry_codec import RegistryCodec
 
     with RegistryCodec(registry.url) as codec:
         check_resolution(registry, codec)
@@ -773,7 +773,7 @@ def check_resolution(registry: FakeSchemaRegistry, codec: Any) -> None:
 
 
 def test_registry_codec_errors_tell_bad_records_from_an_unavailable_registry(registry):
-    from pipeline._registry_codec import RegistryCodec, SchemaRegistryUnavailable
+    from pipeline.kafka.registry_codec import RegistryCodec, SchemaRegistryUnavailable
 
     with RegistryCodec(registry.url) as codec:
         good = codec.encode("Source", SOURCE)

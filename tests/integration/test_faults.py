@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline._broker import EmbeddedBroker
-from pipeline._kafka import create_topics
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import create_topics
 from tests.conftest import apply, send_calls, simple_config, wait_for
 
 

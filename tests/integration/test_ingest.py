@@ -21,12 +21,12 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from pipeline._broker import EmbeddedBroker
-from pipeline._codec import Codec
-from pipeline._ingest import IngestOptions, start_ingest
-from pipeline._kafka import consumer_config, create_topics, topics_for
-from pipeline._settings import Settings
-from pipeline._timestamps import parse_timestamp
+from pipeline.core.settings import Settings
+from pipeline.core.timestamps import parse_timestamp
+from pipeline.http.ingest import IngestOptions, start_ingest
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import consumer_config, create_topics, topics_for
+from pipeline.kafka.codec import Codec
 from tests.conftest import apply, wait_for
 
 WRITE_KEY = "wk_ingest"
@@ -824,7 +824,7 @@ def test_paused_broker_gets_503_never_200_and_the_api_recovers(ingest_factory):
 def test_pipeline_ingest_command_serves_and_stops_on_sigterm(
     settings, process_factory, calls_topic
 ):
-    from pipeline._net import free_port
+    from pipeline.runtime.net import free_port
 
     apply(settings, ingest_config())
     port = free_port()

@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline._net import free_port
-from pipeline._settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.runtime.net import free_port
 from tests.conftest import (
     ROOT,
     Receiver,

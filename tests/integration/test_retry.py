@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import orjson
 
-from pipeline._codec import Codec
-from pipeline._kafka import topics_for
-from pipeline._topic_reader import read_topic
+from pipeline.kafka.clients import topics_for
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.topic_reader import read_topic
 from tests.conftest import (
     apply,
     by_attempt,

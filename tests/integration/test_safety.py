@@ -159,8 +159,8 @@ def test_standard_webhooks_headers_verify_independently(settings, receiver_facto
 def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
     import httpx
 
-    from pipeline._net import free_port
-    from pipeline._signing import sign, standard_webhooks_headers
+    from pipeline.core.signing import sign, standard_webhooks_headers
+    from pipeline.runtime.net import free_port
 
     port = free_port()
     process = subprocess.Popen(
@@ -202,7 +202,7 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
 
 
 def _up(port: int) -> bool:
-    from pipeline._net import port_open
+    from pipeline.runtime.net import port_open
 
     return port_open("127.0.0.1", port)
 

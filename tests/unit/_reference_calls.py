@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from pipeline._calls import (
+from pipeline.core.calls import (
     _CALL_TYPES,
     MAX_CALL_BYTES,
     MAX_ID_CHARS,
@@ -19,8 +19,8 @@ from pipeline._calls import (
     new_message_id,
     unencodable_field,
 )
-from pipeline._exceptions import CallTooLarge, InvalidCall
-from pipeline._timestamps import parse_timestamp
+from pipeline.core.exceptions import CallTooLarge, InvalidCall
+from pipeline.core.timestamps import parse_timestamp
 
 
 def _identifier(raw: Mapping[str, Any], field: str) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline._audience import (
+from pipeline.core.audience import (
     MAX_PROBLEMS_SHOWN,
     Change,
     ChangeKind,
@@ -18,7 +18,7 @@ from pipeline._audience import (
     read_members,
     read_values,
 )
-from pipeline._calls import MAX_ID_CHARS
+from pipeline.core.calls import MAX_ID_CHARS
 
 
 def lines(text: str) -> list[bytes]:

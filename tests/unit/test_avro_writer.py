@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline._avro_writer import compile_writer
-from pipeline._codec import Codec
+from pipeline.kafka.avro_writer import compile_writer
+from pipeline.kafka.codec import Codec
 
 CODEC = Codec.default()
 NAMES = sorted(CODEC._schemas)

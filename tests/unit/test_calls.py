@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._calls: the seven call types and their rules (seed §2.3, §8)."""
+"""Unit tests for pipeline.core.calls: the seven call types and their rules (seed §2.3, §8)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from pipeline import CallTooLarge, InvalidCall
-from pipeline._calls import (
+from pipeline.core.calls import (
     MAX_BATCH_BYTES,
     MAX_CALL_BYTES,
     MAX_ID_CHARS,
@@ -17,7 +17,7 @@ from pipeline._calls import (
     CallType,
     parse_call,
 )
-from pipeline._timestamps import parse_timestamp
+from pipeline.core.timestamps import parse_timestamp
 
 RECEIVED = 1_795_273_470_123  # 2026-11-21T15:04:30.123Z
 
@@ -397,7 +397,7 @@ def test_size_is_checked_before_the_fields() -> None:
 
 
 def test_generated_message_ids_are_version_4_uuids() -> None:
-    from pipeline._calls import new_message_id
+    from pipeline.core.calls import new_message_id
 
     for _ in range(600):  # more than one batch
         text = new_message_id()
@@ -408,7 +408,7 @@ def test_generated_message_ids_are_version_4_uuids() -> None:
 def test_generated_message_ids_are_unique_across_threads() -> None:
     import threading
 
-    from pipeline._calls import new_message_id
+    from pipeline.core.calls import new_message_id
 
     seen: list[list[str]] = [[] for _ in range(4)]
 
@@ -427,7 +427,7 @@ def test_generated_message_ids_are_unique_across_threads() -> None:
 def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
     import os
 
-    from pipeline._calls import new_message_id
+    from pipeline.core.calls import new_message_id
 
     new_message_id()  # a batch is now half used in the parent
     read, write = os.pipe()

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import CallTooLarge, InvalidCall
-from pipeline._calls import parse_call
+from pipeline.core.calls import parse_call
 
 from ._reference_calls import reference_parse_call
 

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._codec: Avro single-object encoding and schema evolution."""
+"""Unit tests for pipeline.kafka.codec: Avro single-object encoding and schema evolution."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import fastavro.schema
 import pytest
 
 from pipeline import UndecodableRecord, parse_call
-from pipeline._codec import MAGIC, Codec, schema_dir
-from pipeline._records import call_from_record, call_to_record, new_delivery
-from pipeline._render import render_body
+from pipeline.core.records import call_from_record, call_to_record, new_delivery
+from pipeline.core.render import render_body
+from pipeline.kafka.codec import MAGIC, Codec, schema_dir
 
 # ---- an independent CRC-64-AVRO (Rabin) fingerprint, as the Avro spec gives it ---------------------
 
@@ -167,7 +167,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
 
     import fastavro
 
-    from pipeline._codec import MAGIC, _fingerprint, schema_dir
+    from pipeline.kafka.codec import MAGIC, _fingerprint, schema_dir
 
     old = fastavro.parse_schema(
         json.loads((schema_dir() / "history" / "destination.v1.avsc").read_text())

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._config: config file rules (seed §2.1, §8) and the live ConfigTable."""
+"""Unit tests for pipeline.core.config: config file rules (seed §2.1, §8) and the live ConfigTable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipeline import ConfigError
-from pipeline._config import (
+from pipeline.core.config import (
     MAX_WEBHOOKS,
     RESERVED_HEADERS,
     ConfigTable,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline._deletion import plan_notifications
+from pipeline.ops.deletion import plan_notifications
 
 
 def note(source: str, message_id: str, *, acked: bool, at: int = 1) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._durations: human durations such as 10s, 1m, 250ms, 4h."""
+"""Unit tests for pipeline.core.durations: human durations such as 10s, 1m, 250ms, 4h."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline._durations import format_duration, parse_duration, parse_duration_list
+from pipeline.core.durations import format_duration, parse_duration, parse_duration_list
 
 
 @pytest.mark.parametrize(

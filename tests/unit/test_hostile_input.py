@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline import CallTooLarge, ConfigError, InvalidCall, parse_call, render_body, sign, verify
-from pipeline._config import check_url, validate_config
+from pipeline.core.config import check_url, validate_config
 
 TYPES = ["identify", "track", "page", "screen", "group", "alias", "delete", "fly", "", None, 3]
 nasty_text = st.one_of(

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._integrations: the integrations map of a call (seed §4.3 rule 6)."""
+"""Unit tests for pipeline.core.integrations: the integrations map of a call (seed §4.3 rule 6)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pipeline._integrations import is_enabled
+from pipeline.core.integrations import is_enabled
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._offsets: commit the highest contiguous finished offset."""
+"""Unit tests for pipeline.core.offsets: commit the highest contiguous finished offset."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline._offsets import PartitionOffsets
+from pipeline.core.offsets import PartitionOffsets
 
 
 def tracker(*offsets: int) -> PartitionOffsets:

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._outcomes: status classification and the per-attempt decision."""
+"""Unit tests for pipeline.core.outcomes: status classification and the per-attempt decision."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from pipeline._outcomes import (
+from pipeline.core.outcomes import (
     RETRYABLE,
     DeadLetterReason,
     Decision,

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._render: the webhook body of every row of seed §2.2, byte for byte."""
+"""Unit tests for pipeline.core.render: the webhook body of every row of seed §2.2, byte for byte."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import Call, CallType, parse_call, render_body
-from pipeline._render import WEBHOOK_VERSION
-from pipeline._timestamps import parse_timestamp
+from pipeline.core.render import WEBHOOK_VERSION
+from pipeline.core.timestamps import parse_timestamp
 
 TS_TEXT = "2026-11-21T07:04:30.123Z"
 TS = parse_timestamp(TS_TEXT)

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._retry_schedule: tiers, jitter, Retry-After and the 4-hour deadline."""
+"""Unit tests for pipeline.core.retry_schedule: tiers, jitter, Retry-After and the 4-hour deadline."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline._retry_schedule import Retry, RetrySchedule
+from pipeline.core.retry_schedule import Retry, RetrySchedule
 
 T0 = 1_795_273_470.0  # an arbitrary first attempt, epoch seconds
 DEFAULT_DELAYS = (10.0, 60.0, 300.0, 1800.0, 3600.0)

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._routing: which destinations a call goes to (seed §4.3 rules 6, 7)."""
+"""Unit tests for pipeline.core.routing: which destinations a call goes to (seed §4.3 rules 6, 7)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from pipeline import Call, parse_call
-from pipeline._config import ConfigTable, Destination, Source
-from pipeline._routing import DropReason, Route, route
+from pipeline.core.config import ConfigTable, Destination, Source
+from pipeline.core.routing import DropReason, Route, route
 
 
 def dest(

@@ -3,10 +3,10 @@ webhook's circuit refuses, and without taking the half-open probe."""
 
 from __future__ import annotations
 
-from pipeline._config import Destination
-from pipeline._outcomes import Failure
-from pipeline._sender import WebhookSender
-from pipeline._settings import Settings
+from pipeline.core.config import Destination
+from pipeline.core.outcomes import Failure
+from pipeline.core.settings import Settings
+from pipeline.http.sender import WebhookSender
 
 SETTINGS = Settings(allowed_networks=("127.0.0.0/8",), circuit_failures=1, circuit_cool_down=60.0)
 A, B = "http://127.0.0.1:9001/hook", "http://127.0.0.1:9002/hook"

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._settings: every knob, read from the environment."""
+"""Unit tests for pipeline.core.settings: every knob, read from the environment."""
 
 from __future__ import annotations
 

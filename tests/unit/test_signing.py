@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._signing: X-Signature = lowercase hex HMAC-SHA1 of the body (seed §5.1)."""
+"""Unit tests for pipeline.core.signing: X-Signature = lowercase hex HMAC-SHA1 of the body (seed §5.1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline import sign, verify
-from pipeline._signing import SIGNATURE_HEADER
+from pipeline.core.signing import SIGNATURE_HEADER
 
 BODY = '{"version":1,"type":"identify","userId":"Zoë","traits":{}}'.encode()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline._snake import MAX_PROPERTY_CHARS, property_name, snake_case
+from pipeline.core.snake import MAX_PROPERTY_CHARS, property_name, snake_case
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Unit tests for pipeline._timestamps: ISO 8601 in, YYYY-MM-DDTHH:MM:SS.mmmZ out."""
+"""Unit tests for pipeline.core.timestamps: ISO 8601 in, YYYY-MM-DDTHH:MM:SS.mmmZ out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline._timestamps import format_timestamp, now_ms, parse_timestamp
+from pipeline.core.timestamps import format_timestamp, now_ms, parse_timestamp
 
 
 def ms(dt: datetime) -> int:

@@ -1,0 +1,1 @@
+"""The ``pipeline`` command line: the parser and one thin module per command."""

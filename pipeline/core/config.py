@@ -1,0 +1,288 @@
+"""Sources and destinations: the config file's model, its rules, and the live table workers use.
+
+A config file (``pipeline config apply FILE.yaml``)::
+
+    sources:
+      - id: web
+        name: Website
+        write_keys: [wk_live_1]
+        blocked_events: [Debug Event]   # track events with these names stop at the router
+    destinations:
+      - id: hooks-1
+        name: Webhooks                  # the key in a call's integrations map (case-sensitive)
+        enabled: true
+        sources: [web]
+        shared_secret: s3cret           # optional; every request then carries X-Signature
+        webhooks:                       # 1..5 entries
+          - url: https://example.com/hook
+            headers: {Authorization: "Bearer abc"}
+
+``validate_config`` checks every rule and reports every problem at once, each naming its field;
+``ConfigTable`` is an immutable snapshot with the lookups the router and delivery workers need.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.core.exceptions import ConfigError
+
+__all__ = [
+    "Source",
+    "Destination",
+    "Webhook",
+    "PipelineConfig",
+    "ConfigTable",
+    "validate_config",
+    "MAX_WEBHOOKS",
+]
+
+#: Seed §2.1 and §8: at most five webhooks per destination.
+MAX_WEBHOOKS = 5
+MAX_HEADERS = 50
+MAX_URL_CHARS = 2048
+MAX_HEADER_VALUE_CHARS = 8192
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: RFC 9110 token characters: what a header name may contain.
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+#: Headers we set ourselves or that frame the message: a static header may not replace them.
+RESERVED_HEADERS = frozenset(
+    {
+        "content-length",
+        "content-type",
+        "host",
+        "user-agent",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "x-signature",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+def check_url(url: str) -> str:
+    """A full http or https URL with a host; raises ``ValueError`` naming the problem."""
+    if len(url) > MAX_URL_CHARS:
+        raise ValueError(f"is {len(url)} characters, over the limit of {MAX_URL_CHARS}")
+    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url):
+        raise ValueError("contains whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        shown = f"{parts.scheme}://" if parts.scheme else "none"
+        raise ValueError(f"{url!r} must use http:// or https:// (scheme is {shown})")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host")
+    if port == 0:
+        raise ValueError(f"{url!r} has port 0")
+    if parts.username or parts.password:
+        raise ValueError(f"{url!r} carries credentials; send them in a header instead")
+    return url
+
+
+class Webhook(_Model):
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return check_url(url)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        if len(headers) > MAX_HEADERS:
+            raise ValueError(f"has {len(headers)} headers, over the limit of {MAX_HEADERS}")
+        for name, value in headers.items():
+            if not _TOKEN.match(name):
+                raise ValueError(f"header name {name!r} is not a valid HTTP header name")
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"header {name!r} is set by the pipeline and cannot be configured")
+            if any(ch in value for ch in "\r\n\x00"):
+                raise ValueError(f"header {name!r} has a line break or NUL in its value")
+            if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in value):
+                raise ValueError(f"header {name!r} has a control character in its value")
+            if len(value) > MAX_HEADER_VALUE_CHARS:
+                raise ValueError(
+                    f"header {name!r} value is {len(value)} characters, "
+                    f"over the limit of {MAX_HEADER_VALUE_CHARS}"
+                )
+        return headers
+
+
+Id = Annotated[str, Field(pattern=_ID)]
+
+
+class Source(_Model):
+    id: Id
+    name: str = ""
+    write_keys: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list
+    )
+    blocked_events: list[str] = Field(default_factory=list)
+
+
+class Destination(_Model):
+    id: Id
+    #: The key of this destination in a call's ``integrations`` map (seed §1.3).
+    name: str = "Webhooks"
+    enabled: bool = True
+    sources: list[Id] = Field(min_length=1)
+    shared_secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    #: Also sign per the Standard Webhooks spec (replay protection); needs ``shared_secret``.
+    standard_webhooks: bool = False
+    #: At most this many requests per second to this destination, per worker process.
+    rate_limit: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)
+
+    @model_validator(mode="after")
+    def _signing_needs_secret(self) -> Destination:
+        if self.standard_webhooks and not self.shared_secret:
+            raise ValueError("standard_webhooks needs a shared_secret to sign with")
+        return self
+
+
+class PipelineConfig(_Model):
+    sources: list[Source] = Field(default_factory=list)
+    destinations: list[Destination] = Field(default_factory=list)
+
+
+def _where(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> str:
+    """``destinations[0] (hooks-1).webhooks[5].url`` from a pydantic location."""
+    text = ""
+    node: Any = data
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+            try:
+                node = node[part]
+            except (IndexError, KeyError, TypeError):
+                node = None
+            if isinstance(node, dict) and isinstance(node.get("id"), str):
+                text += f" ({node['id']})"
+        else:
+            text += f".{part}" if text else part
+            node = node.get(part) if isinstance(node, dict) else None
+    return text or "config"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "too_long" and ctx.get("max_length") == MAX_WEBHOOKS:
+        return f"at most {MAX_WEBHOOKS} webhooks per destination, got {ctx.get('actual_length')}"
+    if kind == "too_short":
+        return "needs at least one entry"
+    if kind == "extra_forbidden":
+        return "is not a known field"
+    if kind == "missing":
+        return "is required"
+    if kind == "string_pattern_mismatch":
+        return (
+            "must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+        )
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def validate_config(data: object) -> PipelineConfig:
+    """Check a parsed config file; ``ConfigError`` lists every problem, each naming its field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(["config: must be a mapping with 'sources' and 'destinations'"])
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            [f"{_where(data, tuple(e['loc']))}: {_message(e)}" for e in exc.errors()]
+        ) from None
+
+    problems: list[str] = []
+    problems += _duplicates("sources", (s.id for s in config.sources))
+    problems += _duplicates("destinations", (d.id for d in config.destinations))
+    key_owner: dict[str, str] = {}
+    for source in config.sources:
+        for key in source.write_keys:
+            if key in key_owner and key_owner[key] != source.id:
+                problems.append(
+                    f"sources ({source.id}).write_keys: a write key is also used by source "
+                    f"{key_owner[key]!r}; write keys must be unique"
+                )
+            key_owner[key] = source.id
+    known = {s.id for s in config.sources}
+    for index, dest in enumerate(config.destinations):
+        for source_id in dest.sources:
+            if source_id not in known:
+                problems.append(
+                    f"destinations[{index}] ({dest.id}).sources: unknown source {source_id!r}; "
+                    f"known: {', '.join(sorted(known)) or 'none'}"
+                )
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _duplicates(kind: str, ids: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    problems = []
+    for ident in ids:
+        if ident in seen:
+            problems.append(f"{kind}: the id {ident!r} is used more than once")
+        seen.add(ident)
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigTable:
+    """An immutable snapshot of the live config, with the lookups workers need."""
+
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    destinations: Mapping[str, Destination] = field(default_factory=dict)
+    _by_write_key: Mapping[str, str] = field(default_factory=dict)
+    _by_source: Mapping[str, tuple[Destination, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, sources: Iterable[Source], destinations: Iterable[Destination]) -> ConfigTable:
+        source_map = {s.id: s for s in sources}
+        dest_map = {d.id: d for d in destinations}
+        by_key = {key: s.id for s in source_map.values() for key in s.write_keys}
+        by_source: dict[str, list[Destination]] = {}
+        for dest in sorted(dest_map.values(), key=lambda d: d.id):
+            if dest.enabled:
+                for source_id in dest.sources:
+                    by_source.setdefault(source_id, []).append(dest)
+        return cls(
+            source_map,
+            dest_map,
+            by_key,
+            {source: tuple(dests) for source, dests in by_source.items()},
+        )
+
+    def source_for_write_key(self, write_key: str) -> Source | None:
+        source_id = self._by_write_key.get(write_key)
+        return None if source_id is None else self.sources.get(source_id)
+
+    def enabled_destinations(self, source_id: str) -> tuple[Destination, ...]:
+        """Enabled destinations connected to the source, ordered by id."""
+        return self._by_source.get(source_id, ())

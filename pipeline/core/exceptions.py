@@ -1,0 +1,72 @@
+"""Our exceptions, each mapping onto one decision a caller has to make.
+
+    PipelineError
+    ├── InvalidCall            a call breaks the call specification; fix the call (HTTP 400)
+    │   └── CallTooLarge       a call over 32 KB, or a batch over 500 KB (HTTP 413)
+    ├── UnknownWriteKey        no source has this write key (HTTP 401)
+    ├── ConfigError            a config file breaks a rule; nothing was written
+    ├── BrokerUnavailable      Kafka did not acknowledge in time; nothing is known to be written,
+    │                          the sender retries (HTTP 503)
+    └── UndecodableRecord      a Kafka record is not one of our Avro records (dead letter
+                               ``undecodable``)
+
+Delivery outcomes are values, not exceptions: see ``pipeline.core.outcomes``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipelineError",
+    "InvalidCall",
+    "CallTooLarge",
+    "UnknownWriteKey",
+    "ConfigError",
+    "BrokerUnavailable",
+    "UndecodableRecord",
+]
+
+
+class PipelineError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InvalidCall(PipelineError):
+    """A call that breaks the call specification. ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class CallTooLarge(InvalidCall):
+    """A call over the 32 KB call limit, or a batch over the 500 KB batch limit."""
+
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        super().__init__(field, f"is {size:,} bytes, over the limit of {limit:,} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class UnknownWriteKey(PipelineError):
+    """No source has this write key."""
+
+    def __init__(self, write_key: str) -> None:
+        shown = write_key if len(write_key) <= 8 else write_key[:4] + "…"
+        super().__init__(f"writeKey: no source has the write key {shown!r}")
+
+
+class ConfigError(PipelineError):
+    """A config file breaks a rule. Every problem is listed; nothing was written."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+class BrokerUnavailable(PipelineError):
+    """Kafka did not acknowledge in time. Nothing is known to be written; retry."""
+
+
+class UndecodableRecord(PipelineError):
+    """A Kafka record that is not one of our Avro records."""

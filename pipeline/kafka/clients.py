@@ -1,0 +1,158 @@
+"""Thin wrappers over confluent-kafka: client configs in one place, topic creation, errors.
+
+Every producer is idempotent with ``acks=all``: a call is acknowledged to its sender only once every
+in-sync replica has it, and a retry inside librdkafka never duplicates or reorders it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from pipeline.core.exceptions import BrokerUnavailable
+from pipeline.core.settings import Settings
+from pipeline.core.topics import Topics
+
+__all__ = [
+    "producer_config",
+    "consumer_config",
+    "make_producer",
+    "create_topics",
+    "topic_specs",
+    "wait_for_broker",
+    "topics_for",
+]
+
+log = logging.getLogger("pipeline.kafka")
+#: librdkafka's own log lines, through Python logging (quiet below WARNING unless --verbose).
+rdkafka_log = logging.getLogger("pipeline.rdkafka")
+
+
+def topics_for(settings: Settings) -> Topics:
+    return Topics(settings.topic_prefix, retry_tiers=len(settings.retry_delays))
+
+
+def _log_error(error: KafkaError) -> None:
+    # librdkafka reports transient broker trouble here and keeps retrying by itself.
+    log.warning("kafka: %s", error.str())
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 500000,
+        "queue.buffering.max.kbytes": 1048576,
+        "error_cb": _log_error,
+        "logger": rdkafka_log,
+    }
+    config.update(overrides)
+    return config
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "fetch.queue.backoff.ms": 50,
+        "error_cb": _log_error,
+        "logger": rdkafka_log,
+    }
+    if settings.session_timeout is not None:
+        config["session.timeout.ms"] = int(settings.session_timeout * 1000)
+        config["heartbeat.interval.ms"] = max(100, int(settings.session_timeout * 1000 / 6))
+    config.update(overrides)
+    return config
+
+
+def _admin_config(settings: Settings, error_cb: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "error_cb": error_cb,
+        "logger": rdkafka_log,
+    }
+
+
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
+    return Producer(producer_config(settings, **overrides))
+
+
+def topic_specs(settings: Settings) -> list[NewTopic]:
+    """Every topic of the pipeline with its partition count and config."""
+    topics = topics_for(settings)
+    rf = settings.replication_factor
+    specs = [
+        NewTopic(topics.calls, settings.partitions, rf),
+        NewTopic(topics.config, 1, rf, config={"cleanup.policy": "compact"}),
+        NewTopic(topics.deliveries, settings.partitions, rf),
+        NewTopic(topics.dlq, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
+        NewTopic(topics.dlq_replays, 1, rf, config={"cleanup.policy": "compact"}),
+    ]
+    specs += [NewTopic(name, settings.retry_partitions, rf) for name in topics.retry]
+    compact = {"cleanup.policy": "compact"}
+    specs += [
+        NewTopic(topics.deletion_requests, settings.partitions, rf, config=compact),
+        NewTopic(topics.audience_state, settings.partitions, rf, config=compact),
+    ]
+    return specs
+
+
+def create_topics(
+    settings: Settings, specs: Iterable[NewTopic] | None = None, *, timeout: float = 30.0
+) -> dict[str, str]:
+    """Create the topics that are missing; returns ``{topic: "created" | "exists"}``.
+
+    Idempotent: a topic that exists is left as it is (its partition count is reported when it
+    differs, never changed).
+    """
+    admin = AdminClient(_admin_config(settings, _log_error))
+    wanted = list(specs) if specs is not None else topic_specs(settings)
+    result: dict[str, str] = {}
+    futures = admin.create_topics(wanted, operation_timeout=timeout, request_timeout=timeout)
+    for name, future in futures.items():
+        try:
+            future.result()
+            result[name] = "created"
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BrokerUnavailable(f"could not create topic {name}: {error.str()}") from None
+            result[name] = "exists"
+    metadata = admin.list_topics(timeout=timeout)
+    for spec in wanted:
+        have = metadata.topics.get(spec.topic)
+        if have is not None and result[spec.topic] == "exists":
+            count = len(have.partitions)
+            if count != spec.num_partitions:
+                result[spec.topic] = (
+                    f"exists with {count} partitions (setting: {spec.num_partitions})"
+                )
+    return result
+
+
+def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
+    """Return once the cluster answers a metadata request; ``BrokerUnavailable`` after timeout."""
+    deadline = time.monotonic() + timeout
+    admin = AdminClient(_admin_config(settings, lambda _error: None))
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            last = str(exc)
+    raise BrokerUnavailable(
+        f"no Kafka broker answered at {settings.bootstrap_servers} within {timeout:.0f} s {last}"
+    )

@@ -1,0 +1,354 @@
+"""The one consumer loop every role runs; roles differ only in their handler.
+
+Why it is shaped like this:
+
+- confluent-kafka's consumer blocks, so every call to it (consume, commit, pause, seek, close) runs
+  on one dedicated thread; the asyncio loop never blocks on Kafka and keeps many webhook requests in
+  flight. Rebalance callbacks run on that thread too, inside ``consume``.
+- A handler gets a batch of ``Taken`` records and calls ``finish(taken)`` once each record's outcome
+  is durable: delivered, or acknowledged by Kafka on a retry tier or the dead-letter topic. Records
+  finish out of order; ``PartitionOffsets`` turns that into the highest contiguous finished offset,
+  and only that is committed (every ``commit_interval`` and at shutdown). A crash re-delivers what
+  was in flight and never skips anything (at-least-once).
+- Back-pressure: with ``max_in_flight`` records unfinished the loop stops taking more.
+- On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
+  finish; then their contiguous position is committed and the rest abandoned to the new owner, who
+  starts from that position (duplicates possible, loss not).
+- ``defer(taken, until)`` (retry tiers) pauses a partition and seeks back to the record, resuming at
+  ``until``. We track pauses ourselves: a record arriving for a partition we hold paused means
+  librdkafka forgot (e.g. after a rebalance), so the pause and seek are applied again; on resume we
+  seek to the deferred record before resuming, so nothing fetched meanwhile is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from pipeline.core.offsets import PartitionOffsets
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import consumer_config
+from pipeline.runtime import metrics
+
+__all__ = ["ConsumerLoop", "Handler", "Taken"]
+
+log = logging.getLogger("pipeline.consumer")
+
+TP = tuple[str, int]
+
+
+class _Partition:
+    __slots__ = ("offsets", "generation", "paused_until", "resume_offset", "resume_handle")
+
+    def __init__(self) -> None:
+        self.offsets = PartitionOffsets()
+        self.generation = 0
+        self.paused_until: float | None = None
+        self.resume_offset: int | None = None
+        self.resume_handle: asyncio.TimerHandle | None = None
+
+
+class Taken:
+    """A record taken for processing; hand it back to ``ConsumerLoop.finish`` when durable."""
+
+    __slots__ = ("message", "key", "offset", "_partition", "_generation")
+
+    def __init__(
+        self, message: Message, key: tuple[str, int], offset: int, partition: _Partition
+    ) -> None:
+        self.message = message
+        self.key = key  # (topic, partition), read once from the message
+        self.offset = offset
+        self._partition = partition
+        self._generation = partition.generation
+
+
+class Handler(Protocol):
+    role: str
+
+    def topics(self) -> Sequence[str]: ...
+
+    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        """Start work on ``batch``; call ``loop.finish`` for each record once it is durable."""
+
+    async def aclose(self) -> None: ...
+
+
+class ConsumerLoop:
+    def __init__(
+        self,
+        settings: Settings,
+        group_id: str,
+        handler: Handler,
+        *,
+        max_in_flight: int | None = None,
+        batch_size: int = 500,
+        commit_interval: float = 1.0,
+        revoke_grace: float | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.handler = handler
+        self.group_id = group_id
+        self._settings = settings
+        self._max_in_flight = max_in_flight or settings.max_in_flight
+        self._batch_size = batch_size
+        self._commit_interval = commit_interval
+        self._revoke_grace = (
+            revoke_grace if revoke_grace is not None else settings.delivery_timeout + 2.0
+        )
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{handler.role}-consumer")
+        self._partitions: dict[TP, _Partition] = {}
+        self._in_flight = 0
+        self._capacity = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        overrides = {"statistics.interval.ms": 5000, "stats_cb": metrics.record_kafka_stats}
+        overrides.update(consumer_overrides or {})
+        self._consumer = Consumer(consumer_config(settings, group_id, **overrides))
+        self._gauge = metrics.IN_FLIGHT.labels(handler.role)
+        self.assigned = asyncio.Event()
+
+    # ---- called by handlers, on the event loop -------------------------------------------------
+
+    def finish(self, taken: Taken) -> None:
+        partition = taken._partition
+        if partition.generation != taken._generation:
+            return  # revoked: the new owner consumes the record again
+        if self._partitions.get(taken.key) is not partition:
+            return
+        partition.offsets.finish(taken.offset)
+        self._in_flight -= 1
+        self._gauge.dec()
+        if self._in_flight < self._max_in_flight:
+            self._capacity.set()
+
+    def defer(self, taken: Taken, until: float) -> None:
+        """Do not process ``taken`` (and what follows it in its partition) before ``until``."""
+        key, offset = taken.key, taken.offset
+        partition = self._partitions.get(key)
+        if partition is None or partition is not taken._partition:
+            return
+        if partition.generation == taken._generation:
+            self._forget_from(partition, offset)
+        partition.paused_until = until
+        partition.resume_offset = offset
+        self._run_on_consumer(self._pause_and_seek, key, offset)
+        loop = self._require_loop()
+        if partition.resume_handle is not None:
+            partition.resume_handle.cancel()
+        delay = max(0.0, until - time.time())
+        partition.resume_handle = loop.call_later(delay, self._resume, key, partition)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._consumer.subscribe(
+            list(self.handler.topics()),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        next_commit = time.monotonic() + self._commit_interval
+        try:
+            while not stop.is_set():
+                if self._in_flight >= self._max_in_flight:
+                    self._capacity.clear()
+                    await _wait_any(self._capacity, stop, timeout=self._commit_interval)
+                else:
+                    messages = await self._on_consumer(
+                        self._consumer.consume, self._batch_size, 0.1
+                    )
+                    batch = self._take(messages)
+                    if batch:
+                        await self.handler.handle(batch, self)
+                if time.monotonic() >= next_commit:
+                    await self._commit(asynchronous=True)
+                    next_commit = time.monotonic() + self._commit_interval
+        finally:
+            await self._shutdown()
+
+    def _take(self, messages: list[Message]) -> list[Taken]:
+        batch: list[Taken] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("%s: consume error: %s", self.handler.role, error.str())
+                continue
+            topic, partition_id, offset = message.topic(), message.partition(), message.offset()
+            # A consumed record always has all three; the client's types say "or None".
+            assert topic is not None and partition_id is not None and offset is not None
+            key = (topic, partition_id)
+            partition = self._partitions.get(key)
+            if partition is None:
+                partition = self._partitions[key] = _Partition()
+            if partition.paused_until is not None:
+                # librdkafka forgot our pause (it does across rebalances): apply it again.
+                assert partition.resume_offset is not None
+                if offset >= partition.resume_offset:
+                    self._run_on_consumer(self._pause_and_seek, key, partition.resume_offset)
+                    continue
+            partition.offsets.add(offset)
+            batch.append(Taken(message, key, offset, partition))
+        if batch:
+            self._in_flight += len(batch)
+            self._gauge.inc(len(batch))
+        return batch
+
+    def _forget_from(self, partition: _Partition, offset: int) -> None:
+        before = len(partition.offsets)
+        partition.offsets.forget_from(offset)
+        dropped = before - len(partition.offsets)
+        # No new generation: records below ``offset`` may still be in flight, and they must still
+        # finish (or the partition's commit position and the in-flight count stall for good).
+        # Records at and after it were never started; they are taken again after the seek.
+        self._in_flight -= dropped
+        self._gauge.dec(dropped)
+        if self._in_flight < self._max_in_flight:
+            self._capacity.set()
+
+    def _resume(self, key: TP, partition: _Partition) -> None:
+        if self._partitions.get(key) is not partition or partition.resume_offset is None:
+            return
+        offset = partition.resume_offset
+        partition.paused_until = None
+        partition.resume_offset = None
+        partition.resume_handle = None
+        self._run_on_consumer(self._seek_and_resume, key, offset)
+
+    # ---- consumer thread --------------------------------------------------------------------------
+
+    def _pause_and_seek(self, key: TP, offset: int) -> None:
+        try:
+            self._consumer.pause([TopicPartition(*key)])
+            self._consumer.seek(TopicPartition(key[0], key[1], offset))
+        except Exception as exc:  # the partition may have been revoked meanwhile
+            log.debug("pause %s: %s", key, exc)
+
+    def _seek_and_resume(self, key: TP, offset: int) -> None:
+        try:
+            self._consumer.seek(TopicPartition(key[0], key[1], offset))
+            self._consumer.resume([TopicPartition(*key)])
+        except Exception as exc:
+            log.debug("resume %s: %s", key, exc)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info(
+            "%s: assigned %s",
+            self.handler.role,
+            ", ".join(f"{p.topic}[{p.partition}]" for p in partitions),
+        )
+        loop = self._require_loop()
+        loop.call_soon_threadsafe(self.assigned.set)
+        # Partitions we still hold paused (kept across a cooperative rebalance): pause again.
+        held = [
+            TopicPartition(key[0], key[1])
+            for key, part in list(self._partitions.items())
+            if part.paused_until is not None
+        ]
+        if held:
+            consumer.pause(held)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [(p.topic, p.partition) for p in partitions]
+        loop = self._require_loop()
+        future = asyncio.run_coroutine_threadsafe(self._release(keys, drain=True), loop)
+        try:
+            offsets = future.result(timeout=self._revoke_grace + 5)
+        except Exception:
+            log.exception("%s: could not release revoked partitions", self.handler.role)
+            return
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except Exception as exc:
+                log.warning("%s: commit on revoke failed: %s", self.handler.role, exc)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [(p.topic, p.partition) for p in partitions]
+        loop = self._require_loop()
+        asyncio.run_coroutine_threadsafe(self._release(keys, drain=False), loop).result(timeout=5)
+
+    # ---- shared -----------------------------------------------------------------------------------
+
+    async def _release(self, keys: list[TP], *, drain: bool) -> list[TopicPartition]:
+        """Stop tracking ``keys``: wait for their in-flight records, return what to commit."""
+        if drain:
+            deadline = time.monotonic() + self._revoke_grace
+            while time.monotonic() < deadline and any(
+                len(self._partitions[k].offsets) for k in keys if k in self._partitions
+            ):
+                await asyncio.sleep(0.02)
+        offsets = []
+        for key in keys:
+            partition = self._partitions.pop(key, None)
+            if partition is None:
+                continue
+            if partition.resume_handle is not None:
+                partition.resume_handle.cancel()
+            position = partition.offsets.position()
+            if drain and position is not None:
+                offsets.append(TopicPartition(key[0], key[1], position))
+            unfinished = len(partition.offsets)
+            partition.generation += 1
+            self._in_flight -= unfinished
+            self._gauge.dec(unfinished)
+        if self._in_flight < self._max_in_flight:
+            self._capacity.set()
+        return offsets
+
+    async def _commit(self, *, asynchronous: bool) -> None:
+        offsets = []
+        for (topic, number), partition in self._partitions.items():
+            position = partition.offsets.position()
+            if position is not None:
+                offsets.append(TopicPartition(topic, number, position))
+                partition.offsets.committed(position)
+        if offsets:
+            try:
+                await self._on_consumer(
+                    self._consumer.commit, offsets=offsets, asynchronous=asynchronous
+                )
+            except Exception as exc:  # a later commit carries the same positions
+                log.warning("%s: commit failed: %s", self.handler.role, exc)
+
+    async def _shutdown(self) -> None:
+        deadline = time.monotonic() + self._revoke_grace
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self._in_flight:
+            log.warning(
+                "%s: %d records unfinished at shutdown; they will be processed again",
+                self.handler.role,
+                self._in_flight,
+            )
+        await self._commit(asynchronous=False)
+        await self.handler.aclose()
+        await self._on_consumer(self._consumer.close)
+        self._executor.shutdown(wait=True)
+
+    async def _on_consumer(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = self._require_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    def _run_on_consumer(self, fn: Any, *args: Any) -> None:
+        self._executor.submit(fn, *args)
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "ConsumerLoop.run() has not started"
+        return self._loop
+
+
+async def _wait_any(first: asyncio.Event, second: asyncio.Event, *, timeout: float) -> None:
+    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

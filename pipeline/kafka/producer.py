@@ -1,0 +1,237 @@
+"""Producing and knowing it landed: the one way every part of the pipeline writes to Kafka.
+
+Two faces over confluent-kafka's producer, sharing one acknowledgement counter (``Acks``):
+
+``AsyncProducer``
+    For the event loop (router, deliver, ingestion API, the async client). A background thread
+    polls the producer, so delivery reports arrive without the loop ever blocking on Kafka.
+    ``send_all`` resolves when Kafka answered for a whole batch (one counter per batch, not one
+    future per record) with the records it refused.
+
+``AckedProducer``
+    For commands and threads (``config apply``, ``send``, deletion requests, audience syncs, DLQ
+    replays, the sync client): ``produce`` as often as needed, then ``flush``, which raises
+    ``BrokerUnavailable`` when acknowledgements are missing. ``transaction()`` makes everything
+    produced inside it visible together or not at all.
+
+Refusals keep librdkafka's error code (``Refusal``), so callers decide by code, not by text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from pipeline.core.deadline import Deadline
+from pipeline.core.exceptions import BrokerUnavailable
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import producer_config
+from pipeline.kafka.errors import Failed, Outgoing, Refusal
+
+__all__ = ["Acks", "AsyncProducer", "AckedProducer", "Outgoing", "Failed", "FLUSH_TIMEOUT"]
+
+#: How long ``AckedProducer`` waits for the last acknowledgements, and for room in its queue.
+FLUSH_TIMEOUT = 60.0
+
+
+class Acks:
+    """Counts Kafka's answers for produced records (librdkafka calls it as ``on_delivery``,
+    from whichever thread polls the producer)."""
+
+    __slots__ = ("answered", "failed")
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.failed: list[Failed] = []
+
+    def __call__(self, error: KafkaError | None, message: Any) -> None:
+        if error is not None:
+            record = (message.topic(), message.key(), message.value())
+            self.failed.append(Failed(record, Refusal.of(error)))
+        self.answered += 1
+
+    @property
+    def acked(self) -> int:
+        return self.answered - len(self.failed)
+
+
+class _BatchAcks(Acks):
+    """The acknowledgements of one ``send_all`` batch; resolves its future on the last one."""
+
+    __slots__ = ("loop", "future", "expected")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, expected: int) -> None:
+        super().__init__()
+        self.loop = loop
+        self.future: asyncio.Future[list[Failed]] = loop.create_future()
+        self.expected = expected
+
+    def __call__(self, error: KafkaError | None, message: Any) -> None:  # producer poll thread
+        Acks.__call__(self, error, message)
+        if self.answered == self.expected:
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self.failed)
+
+
+class AsyncProducer:
+    def __init__(self, settings: Settings, *, producer: Producer | None = None) -> None:
+        self._producer = producer or Producer(producer_config(settings))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="producer-poll", daemon=True)
+        self._thread.start()
+
+    @property
+    def raw(self) -> Producer:
+        return self._producer
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    async def send_all(self, records: Sequence[Outgoing]) -> list[Failed]:
+        """Produce every record; return the ones Kafka refused, once all answered."""
+        if not records:
+            return []
+        acks = _BatchAcks(asyncio.get_running_loop(), len(records))
+        produce = self._producer.produce
+        for topic, key, value in records:  # a plain loop: no coroutine per record
+            while True:
+                try:
+                    produce(topic, value, key, on_delivery=acks)
+                    break
+                except BufferError:  # local queue full: wait for the poll thread to drain it
+                    await asyncio.sleep(0.01)
+        return await acks.future
+
+    async def send_all_until_acked(
+        self, records: Sequence[Outgoing], stop: asyncio.Event | None = None
+    ) -> None:
+        """Produce every record, re-sending refused ones with backoff until Kafka has them all.
+
+        Raises ``BrokerUnavailable`` only if ``stop`` is set while some are still unacknowledged.
+        """
+        pending = list(records)
+        delay = 0.1
+        while pending:
+            failed = await self.send_all(pending)
+            if not failed:
+                return
+            if stop is not None and stop.is_set():
+                raise BrokerUnavailable(f"{len(failed)} records unacknowledged: {failed[0]}")
+            pending = [record for record, _ in failed]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Flush what is queued (up to ``timeout``) and stop polling; returns records left."""
+        remaining = int(self._producer.flush(timeout))
+        self._stop.set()
+        self._thread.join(timeout=1)
+        return remaining
+
+
+class AckedProducer:
+    """A producer for commands and threads: ``flush`` says whether Kafka acknowledged everything.
+
+        producer = AckedProducer(settings)
+        producer.produce(topic, key, value, partition=3)
+        producer.flush()        # raises BrokerUnavailable if acknowledgements are missing
+        producer.failed         # what Kafka refused: [Failed(record, Refusal(code, text))]
+
+    ``transactional=True`` gives it a transactional id; then ``with producer.transaction():``
+    commits what was produced inside it, or aborts it all on an exception.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        buffer_timeout: float = FLUSH_TIMEOUT,
+        transactional: bool = False,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        overrides = dict(config or {})
+        if transactional:
+            overrides["transactional.id"] = f"{settings.topic_prefix}pipeline-{uuid.uuid4()}"
+        self._config = producer_config(settings, **overrides)
+        self._producer = Producer(dict(self._config))
+        self._buffer_timeout = buffer_timeout
+        self._transactions_ready = False
+        self._produced = 0
+        self.acks = Acks()
+
+    @property
+    def failed(self) -> list[Failed]:
+        return self.acks.failed
+
+    @property
+    def acked(self) -> int:
+        return self.acks.acked
+
+    def reset_counts(self) -> None:
+        """Count from zero again (one producer, several steps each checked on its own)."""
+        self.acks = Acks()
+
+    def replace(self) -> None:
+        """A new producer in place of one Kafka fenced (its records' refusals were ``fatal``)."""
+        self._producer = Producer(dict(self._config))
+        self._transactions_ready = False
+
+    def produce(
+        self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None
+    ) -> None:
+        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+        deadline: Deadline | None = None
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=self.acks, **extra)
+                break
+            except BufferError:  # the local queue is full: let it drain
+                deadline = deadline or Deadline.after(self._buffer_timeout)
+                if deadline.expired():
+                    raise BrokerUnavailable(
+                        f"Kafka accepted nothing for {self._buffer_timeout:.0f} s "
+                        "(local producer queue full)"
+                    ) from None
+                self._producer.poll(0.05)
+        self._produced += 1
+        if self._produced % 1000 == 0:  # serve delivery reports now and then, not every time
+            self._producer.poll(0)
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        remaining = self._producer.flush(timeout)
+        if remaining:
+            raise BrokerUnavailable(
+                f"{remaining} records were not acknowledged by Kafka within {timeout:.0f} s; "
+                "they may or may not have been written"
+            )
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float = 30.0) -> Iterator[None]:
+        """Everything produced inside is committed together, or aborted (and
+        ``BrokerUnavailable`` raised) if anything fails."""
+        try:
+            if not self._transactions_ready:
+                self._producer.init_transactions(timeout)
+                self._transactions_ready = True
+            self._producer.begin_transaction()
+            yield
+            self._producer.commit_transaction(timeout)
+        except Exception as exc:
+            with contextlib.suppress(Exception):  # the original error is the one to report
+                self._producer.abort_transaction(5)
+            if isinstance(exc, BrokerUnavailable):
+                raise
+            raise BrokerUnavailable(f"transaction aborted, nothing was written: {exc}") from None
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._producer.flush(timeout)

@@ -1,0 +1,3 @@
+"""The pipeline's consumer roles (router, deliver, retry), each a handler on the one consumer
+loop, and the worker that runs them in one process.
+"""

@@ -1,0 +1,113 @@
+"""Runs one or more roles (router, deliver, retry) in one process, sharing config, producer and
+HTTP session. Consumer groups are ``<topic prefix><role>``: scaling out means starting more
+processes with the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterable
+
+from pipeline.core.settings import Settings
+from pipeline.http.sender import WebhookSender
+from pipeline.kafka.clients import topics_for
+from pipeline.kafka.config_store import ConfigFollower
+from pipeline.kafka.consumer_loop import ConsumerLoop
+from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.registry_codec import make_codec
+from pipeline.roles.deliver import DeliveryHandler
+from pipeline.roles.router import RouterHandler
+from pipeline.runtime.gc_tuning import tune_for_throughput
+
+__all__ = ["ROLES", "run_roles", "run_roles_until_signalled", "group_id"]
+
+log = logging.getLogger("pipeline.worker")
+
+ROLES = ("router", "deliver", "retry")
+
+#: The retry role pauses a partition and seeks back to a record that is not due yet; after the
+#: resume, librdkafka fetches again only once the fetch it had outstanding returns, which takes
+#: up to ``fetch.wait.max.ms`` (500 ms by default) on an idle partition. Every retry would be that
+#: late, so the retry consumer long-polls for 50 ms at most (some 20 small requests a second per
+#: broker when idle).
+_RETRY_CONSUMER = {"fetch.wait.max.ms": 50}
+
+
+def group_id(settings: Settings, role: str) -> str:
+    return f"{settings.topic_prefix}{role}"
+
+
+async def run_roles(
+    settings: Settings,
+    roles: Iterable[str],
+    stop: asyncio.Event,
+    *,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run ``roles`` until ``stop`` is set; then drain in-flight work, commit, and return."""
+    roles = [r for r in ROLES if r in set(roles)]
+    topics = topics_for(settings)
+    codec = make_codec(settings)
+    follower = ConfigFollower(settings, codec=codec).start()
+    producer: AsyncProducer | None = None
+    sender: WebhookSender | None = None
+    try:
+        await asyncio.to_thread(follower.wait_ready, 60.0)
+        producer = AsyncProducer(settings)
+        loops: list[ConsumerLoop] = []
+        if "router" in roles:
+            handler = RouterHandler(
+                topics=topics, follower=follower, producer=producer, stop=stop, codec=codec
+            )
+            loops.append(ConsumerLoop(settings, group_id(settings, "router"), handler))
+        if "deliver" in roles or "retry" in roles:
+            sender = await WebhookSender(settings).start()
+        for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
+            if role in roles:
+                assert sender is not None
+                delivery = DeliveryHandler(
+                    role,
+                    topics_in,
+                    settings=settings,
+                    topics=topics,
+                    follower=follower,
+                    producer=producer,
+                    sender=sender,
+                    stop=stop,
+                    codec=codec,
+                )
+                overrides = _RETRY_CONSUMER if role == "retry" else None
+                loops.append(
+                    ConsumerLoop(
+                        settings, group_id(settings, role), delivery, consumer_overrides=overrides
+                    )
+                )
+        log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
+        if ready is not None:
+            ready.set()
+        await asyncio.gather(*(loop.run(stop) for loop in loops))
+        for fatal in (getattr(loop.handler, "fatal", None) for loop in loops):
+            if fatal is not None:
+                raise fatal
+    finally:
+        if sender is not None:
+            await sender.aclose()
+        if producer is not None:
+            await asyncio.to_thread(producer.close)
+        follower.stop()
+
+
+def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
+    """The entry point of ``pipeline router|deliver|retry|worker``: SIGINT/SIGTERM drain and exit."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_roles(settings, roles, stop)
+
+    tune_for_throughput()
+    asyncio.run(main())
