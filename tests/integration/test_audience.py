@@ -18,7 +18,7 @@ from pipeline.core.audience import TraitKind, TraitSpec, read_members
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import topics_for
 from pipeline.ops.audience_sync import load_state, sync
-from tests.conftest import ROOT, Receiver, apply, run_cli, settings_env, wait_for
+from tests.support import ROOT, Receiver, apply, run_cli, settings_env, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import yaml
 
-from tests.conftest import apply, run_cli, simple_config, wait_for
+from tests.support import apply, run_cli, simple_config, wait_for
 
 
 def test_send_reports_bad_lines_by_number_and_sends_the_good_ones(

@@ -10,7 +10,7 @@ import threading
 import time
 
 from pipeline.runtime.net import free_port, port_open
-from tests.conftest import ROOT, run_cli, wait_for
+from tests.support import ROOT, run_cli, wait_for
 
 
 def test_topics_create_is_idempotent(settings):

@@ -36,15 +36,9 @@ from pipeline.client._messages import build_message
 from pipeline.core.calls import MAX_CALL_BYTES
 from pipeline.core.timestamps import now_ms, parse_timestamp
 from pipeline.runtime.net import free_port
-from tests.conftest import ROOT, wait_for
-from tests.integration import test_ingest as _ingest_tests
-from tests.integration.test_ingest import SOURCE_ID, WRITE_KEY, IngestThread
+from tests.support import ROOT, SOURCE_ID, WRITE_KEY, IngestThread, wait_for
 
 # Fixtures shared with test_ingest.py: one topic prefix, config and ingest server per module.
-ingest = _ingest_tests.ingest
-shared_settings = _ingest_tests.shared_settings
-tag = _ingest_tests.tag
-tagged_calls = _ingest_tests.tagged_calls
 
 MakeClient = Callable[..., Client]
 

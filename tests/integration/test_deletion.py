@@ -12,45 +12,12 @@ from typing import Any
 import pytest
 
 from pipeline.core.settings import Settings
-from tests.conftest import Receiver, apply, run_cli, wait_for
+from tests.support import BODY, Receiver, apply, run_cli, three_sources, wait_for
 
 pytestmark = pytest.mark.integration
 
 #: How long "nothing more arrives" is watched: well over the few hundred ms a delivery takes here.
 QUIET_SECONDS = 1.5
-BODY = re.compile(
-    rb'\{"type":"delete","userId":"user-42","timestamp":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"\}'
-)
-
-
-def three_sources(settings: Settings, receivers: list[Receiver]) -> None:
-    web, ios, batch = receivers
-    apply(
-        settings,
-        {
-            "sources": [
-                {"id": "web", "write_keys": ["wk_web"]},
-                {"id": "ios", "write_keys": ["wk_ios"]},
-                {"id": "batch", "write_keys": ["wk_batch"]},
-            ],
-            "destinations": [
-                {"id": "hooks-web", "sources": ["web"], "webhooks": [{"url": web.url}]},
-                {
-                    "id": "hooks-ios",
-                    "sources": ["ios"],
-                    "shared_secret": "s3cret",
-                    "webhooks": [{"url": ios.url}],
-                },
-                # connected but disabled: the batch source is not affected
-                {
-                    "id": "hooks-batch",
-                    "enabled": False,
-                    "sources": ["batch"],
-                    "webhooks": [{"url": batch.url}],
-                },
-            ],
-        },
-    )
 
 
 def test_delete_user_notifies_each_affected_source_once(

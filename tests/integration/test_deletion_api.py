@@ -5,9 +5,7 @@ from __future__ import annotations
 import httpx
 
 from pipeline.http.ingest import IngestOptions
-from tests.conftest import stays, wait_for
-from tests.integration.test_deletion import BODY, three_sources
-from tests.integration.test_ingest import ingest_factory  # noqa: F401 (fixture)
+from tests.support import BODY, stays, three_sources, wait_for
 
 TOKEN = "admin-token-for-tests"
 

@@ -8,7 +8,7 @@ import trustme
 from confluent_kafka import Producer
 
 from pipeline.kafka.clients import topics_for
-from tests.conftest import apply, dead_letters, send_calls, simple_config, stays, wait_for
+from tests.support import apply, dead_letters, send_calls, simple_config, stays, wait_for
 
 
 def test_one_success_among_three_webhooks_is_processed_and_not_retried(

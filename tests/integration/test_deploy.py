@@ -14,7 +14,6 @@ import ipaddress
 import json
 import re
 import shlex
-import shutil
 import struct
 import subprocess
 import threading
@@ -34,61 +33,22 @@ from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.settings import Settings
 from pipeline.kafka.codec import MAGIC, Codec
 from pipeline.runtime.net import free_port
-from tests.conftest import ROOT
+from tests.support import ROOT, compose_command, require_system_tools
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEPLOY = ROOT / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "pipeline.json"
 ROLES = ("ingest", "router", "deliver", "retry")
-SETUP_SCRIPT = ROOT / "tests" / "setup_system.sh"
 
 
 # ---- system tools ------------------------------------------------------------------------------
 
 
-def compose_command() -> list[str] | None:
-    """``docker compose`` (the v2 plugin) when it works here, else ``docker-compose``."""
-    if shutil.which("docker"):
-        probe = subprocess.run(
-            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
-        )
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    return None
 
 
-def _have(tool: str) -> bool:
-    return compose_command() is not None if tool == "compose" else shutil.which(tool) is not None
 
 
-@cache
-def _run_setup_script() -> str:
-    try:
-        done = subprocess.run(
-            ["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=600
-        )
-    except subprocess.TimeoutExpired:
-        return "tests/setup_system.sh did not finish within 600 s"
-    return f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
-
-
-def require_system_tools(*tools: str) -> None:
-    """Make sure ``tools`` (``prometheus``, ``promtool``, ``compose``) are here, installing them
-    with tests/setup_system.sh (Debian's packages, needs root) once when they are not; fail the
-    test with the reason otherwise."""
-    if all(_have(tool) for tool in tools):
-        return
-    output = _run_setup_script()
-    missing = [tool for tool in tools if not _have(tool)]
-    if missing:
-        pytest.fail(
-            f"missing system tools {missing}: tests/setup_system.sh could not install them "
-            f"(it needs root and Debian's package registry).\n{output}",
-            pytrace=False,
-        )
 
 
 def run_tool(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

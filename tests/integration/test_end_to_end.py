@@ -9,7 +9,7 @@ import re
 import orjson
 import pytest
 
-from tests.conftest import apply, run_cli, wait_for
+from tests.support import apply, run_cli, wait_for
 
 SECRET = "s3cret-for-tests"
 TS = "2026-11-21T07:04:30.123Z"

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.kafka.broker import EmbeddedBroker
 from pipeline.kafka.clients import create_topics
-from tests.conftest import apply, send_calls, simple_config, wait_for
+from tests.support import apply, send_calls, simple_config, wait_for
 
 
 def _calls(count: int, prefix: str) -> list[dict]:

@@ -9,182 +9,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import orjson
-import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import parse_timestamp
-from pipeline.http.ingest import IngestOptions, start_ingest
+from pipeline.http.ingest import IngestOptions
 from pipeline.kafka.broker import EmbeddedBroker
-from pipeline.kafka.clients import consumer_config, create_topics, topics_for
-from pipeline.kafka.codec import Codec
-from tests.conftest import apply, wait_for
-
-WRITE_KEY = "wk_ingest"
-SOURCE_ID = "web"
-
-
-def ingest_config(*urls: str) -> dict[str, Any]:
-    """Source ``web`` (write key ``wk_ingest``), and a destination to ``urls`` if any."""
-    config: dict[str, Any] = {"sources": [{"id": SOURCE_ID, "write_keys": [WRITE_KEY]}]}
-    if urls:
-        config["destinations"] = [
-            {
-                "id": "hooks",
-                "name": "Webhooks",
-                "sources": [SOURCE_ID],
-                "webhooks": [{"url": url} for url in urls],
-            }
-        ]
-    return config
-
-
-class IngestThread:
-    """``start_ingest`` on its own event loop in a background thread, on a free port."""
-
-    def __init__(self, settings: Settings, options: IngestOptions | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runner, self.url = self._run(start_ingest(settings, "127.0.0.1", 0, options))
-        self.stopped = False
-
-    def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        wait_for(lambda: httpx.get(self.url + "/ready", timeout=5).status_code == 200, timeout)
-
-    def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        self._run(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-@pytest.fixture
-def ingest_factory() -> Iterator[Callable[..., IngestThread]]:
-    started: list[IngestThread] = []
-
-    def make(settings: Settings, options: IngestOptions | None = None) -> IngestThread:
-        server = IngestThread(settings, options)
-        started.append(server)
-        server.wait_ready()
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
-
-
-class CallsTopic:
-    """Reads the calls topic from the beginning (no consumer group), decoding each record.
-
-    With ``tag``, only calls whose ``userId`` (or ``anonymousId``) starts with it are kept, so
-    tests can share one topic.
-    """
-
-    def __init__(self, settings: Settings, tag: str | None = None) -> None:
-        self.topic = topics_for(settings).calls
-        self.tag = tag
-        self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
-        metadata = self.consumer.list_topics(self.topic, timeout=10)
-        partitions = sorted(metadata.topics[self.topic].partitions)
-        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-        self.codec = Codec.default()
-        self.records: list[dict[str, Any]] = []
-
-    def _keep(self, record: dict[str, Any]) -> bool:
-        who = record["userId"] or record["anonymousId"] or ""
-        return self.tag is None or who.startswith(self.tag)
-
-    def poll(self, seconds: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + seconds
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self.records
-            for message in self.consumer.consume(1000, min(0.1, left)):
-                if message.error() is None:
-                    record = self.codec.decode("Call", message.value())
-                    if self._keep(record):
-                        self.records.append(record)
-
-    def wait(self, count: int, timeout: float = 15.0) -> list[dict[str, Any]]:
-        """Poll until at least ``count`` records arrived; fail after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while len(self.records) < count and time.monotonic() < deadline:
-            self.poll(0.05)
-        assert len(self.records) >= count, (
-            f"{len(self.records)} calls on the topic, expected {count}"
-        )
-        return self.records
-
-    def settle(self, seconds: float = 0.5) -> list[dict[str, Any]]:
-        """Everything that arrived, after ``seconds`` more of polling."""
-        return self.poll(seconds)
-
-    def by_message_id(self) -> dict[str, dict[str, Any]]:
-        return {r["messageId"]: r for r in self.records}
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-@pytest.fixture
-def calls_topic(settings: Settings) -> Iterator[CallsTopic]:
-    reader = CallsTopic(settings)
-    yield reader
-    reader.close()
-
-
-@pytest.fixture(scope="module")
-def shared_settings(broker: EmbeddedBroker) -> Settings:
-    """One topic prefix, config and ingest server for a whole module (they take seconds to
-    start); tests keep apart by tagging their user ids (``tag``, ``tagged_calls``)."""
-    settings = Settings(
-        bootstrap_servers=broker.bootstrap_servers,
-        topic_prefix=f"m{uuid.uuid4().hex[:10]}.",
-        partitions=3,
-        retry_partitions=1,
-        session_timeout=6.0,
-    )
-    create_topics(settings)
-    apply(settings, ingest_config())
-    return settings
-
-
-@pytest.fixture(scope="module")
-def ingest(shared_settings: Settings) -> Iterator[IngestThread]:
-    server = IngestThread(shared_settings)
-    server.wait_ready()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def tag() -> str:
-    """A unique prefix for the user ids of one test."""
-    return f"u{uuid.uuid4().hex[:8]}-"
-
-
-@pytest.fixture
-def tagged_calls(shared_settings: Settings, tag: str) -> Iterator[CallsTopic]:
-    reader = CallsTopic(shared_settings, tag)
-    yield reader
-    reader.close()
+from pipeline.kafka.clients import create_topics
+from tests.support import (
+    SOURCE_ID,
+    WRITE_KEY,
+    CallsTopic,
+    IngestThread,
+    apply,
+    ingest_config,
+    wait_for,
+)
 
 
 def basic(username: str, colon: bool = True) -> dict[str, str]:

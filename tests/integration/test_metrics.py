@@ -34,17 +34,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.settings import Settings
 from pipeline.runtime.net import free_port
-from tests.conftest import (
+from tests.support import (
     ROOT,
     Receiver,
     apply,
     by_attempt,
+    require_system_tools,
     send_calls,
     simple_config,
     stays,
     wait_for,
 )
-from tests.integration.test_deploy import require_system_tools
 
 DESTINATIONS = ("ok", "flaky", "gone", "broken")
 CALLS: list[dict[str, Any]] = [

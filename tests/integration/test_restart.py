@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from collections import Counter
 
-from tests.conftest import apply, send_calls, simple_config, wait_for
+from tests.support import apply, send_calls, simple_config, wait_for
 
 CALLS = 400
 

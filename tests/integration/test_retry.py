@@ -11,7 +11,7 @@ import orjson
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.topic_reader import read_topic
-from tests.conftest import (
+from tests.support import (
     apply,
     by_attempt,
     dead_letters,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import apply, send_calls, stays, wait_for
+from tests.support import apply, send_calls, stays, wait_for
 
 
 def _two_destinations(webhooks_url: str, other_url: str, **webhooks: object) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import orjson
 
-from tests.conftest import (
+from tests.support import (
     ROOT,
     apply,
     dead_letters,

@@ -1,31 +1,37 @@
-"""Shared fixtures: one embedded broker per test session, everything else unique per test.
+"""What integration tests share besides fixtures: waiting, the CLI, receivers, workers, ingest.
 
-Each test gets its own topic prefix (and so its own consumer groups, see ``pipeline.roles.worker``),
-its own receivers on free 127.0.0.1 ports, and workers it starts and stops itself.
+Fixtures are in ``tests/integration/conftest.py``; test modules import helpers from here, never
+from each other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from aiohttp import web
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from pipeline.core.config import validate_config
 from pipeline.core.settings import Settings
-from pipeline.kafka.broker import EmbeddedBroker
-from pipeline.kafka.clients import create_topics
+from pipeline.http.ingest import IngestOptions, start_ingest
+from pipeline.kafka.clients import consumer_config, topics_for
+from pipeline.kafka.codec import Codec
 from pipeline.kafka.config_store import apply_config
 from pipeline.roles.worker import run_roles
 
@@ -42,32 +48,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s: {predicate}")
         time.sleep(interval)
-
-
-@pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(port=0) as running:
-        yield running
-
-
-@pytest.fixture
-def settings(broker: EmbeddedBroker) -> Settings:
-    """Settings for one test: a unique topic prefix, fast timings, topics created."""
-    settings = Settings(
-        bootstrap_servers=broker.bootstrap_servers,
-        topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
-        partitions=3,
-        retry_partitions=2,
-        session_timeout=6.0,
-        retry_delays=(1.0, 2.0),
-        retry_deadline=8.0,
-        delivery_timeout=1.0,
-        # The SSRF guard blocks loopback by default; test receivers live on 127.0.0.1.
-        allowed_networks=("127.0.0.0/8",),
-        circuit_cool_down=1.0,
-    )
-    create_topics(settings)
-    return settings
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -106,9 +86,6 @@ def run_cli(
 
 def apply(settings: Settings, config: dict[str, Any]) -> None:
     apply_config(settings, validate_config(config))
-
-
-# ---- receivers ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -153,7 +130,7 @@ class Receiver:
             return [r.json for r in self.requests if isinstance(r.answer, int) and r.answer < 300]
 
 
-class _ServerThread:
+class ServerThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -190,51 +167,6 @@ def by_attempt(*first: int, then: int) -> Callable[[bytes], int]:
         return first[n - 1] if n <= len(first) else then
 
     return answer
-
-
-@pytest.fixture
-def receiver_factory() -> Iterator[Callable[..., Receiver]]:
-    server = _ServerThread()
-
-    def make(default: Any = 200, *, ssl_context: Any = None, path: str = "/hook") -> Receiver:
-        receiver = Receiver(url="", default=default)
-
-        async def handle(request: web.Request) -> web.StreamResponse:
-            body = await request.read()
-            with receiver.lock:
-                answer = receiver.responses.pop(0) if receiver.responses else receiver.default
-                if callable(answer):  # answer by the request's body
-                    answer = answer(body)
-                receiver.requests.append(
-                    Request(request.path, dict(request.headers), body, time.time(), answer)
-                )
-            if answer == "hang":
-                await asyncio.sleep(3600)
-            status, headers = answer if isinstance(answer, tuple) else (answer, {})
-            return web.Response(
-                status=status, text="ok" if status < 300 else "nope", headers=headers
-            )
-
-        async def start() -> str:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", handle)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-            await site.start()
-            server.runners.append(runner)
-            port = runner.addresses[0][1]
-            scheme = "https" if ssl_context is not None else "http"
-            return f"{scheme}://127.0.0.1:{port}{path}"
-
-        receiver.url = server.run(start())
-        return receiver
-
-    yield make
-    server.close()
-
-
-# ---- workers -------------------------------------------------------------------------------------
 
 
 class InProcessWorker:
@@ -275,47 +207,6 @@ class InProcessWorker:
             self.thread.join(30)
         if self.error is not None:
             raise self.error
-
-
-@pytest.fixture
-def worker_factory() -> Iterator[Callable[..., InProcessWorker]]:
-    workers: list[InProcessWorker] = []
-
-    def make(
-        settings: Settings, roles: tuple[str, ...] = ("router", "deliver", "retry")
-    ) -> InProcessWorker:
-        worker = InProcessWorker(settings, roles)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.stop()
-
-
-@pytest.fixture
-def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """``python -m pipeline ARGS`` as a subprocess; killed by PID at the end of the test."""
-    processes: list[subprocess.Popen[bytes]] = []
-
-    def start(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", *args],
-            env=settings_env(settings),
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        processes.append(process)
-        return process
-
-    yield start
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-        if process.stderr is not None:
-            process.stderr.close()
 
 
 def send_calls(settings: Settings, calls: list[dict[str, Any]], write_key: str) -> None:
@@ -384,3 +275,186 @@ def simple_config(*urls: str, secret: str | None = None, **destination: Any) -> 
         dest["shared_secret"] = secret
     dest.update(destination)
     return {"sources": [{"id": "web", "write_keys": ["wk"]}], "destinations": [dest]}
+
+
+WRITE_KEY = "wk_ingest"
+
+
+SOURCE_ID = "web"
+
+
+def ingest_config(*urls: str) -> dict[str, Any]:
+    """Source ``web`` (write key ``wk_ingest``), and a destination to ``urls`` if any."""
+    config: dict[str, Any] = {"sources": [{"id": SOURCE_ID, "write_keys": [WRITE_KEY]}]}
+    if urls:
+        config["destinations"] = [
+            {
+                "id": "hooks",
+                "name": "Webhooks",
+                "sources": [SOURCE_ID],
+                "webhooks": [{"url": url} for url in urls],
+            }
+        ]
+    return config
+
+
+class IngestThread:
+    """``start_ingest`` on its own event loop in a background thread, on a free port."""
+
+    def __init__(self, settings: Settings, options: IngestOptions | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner, self.url = self._run(start_ingest(settings, "127.0.0.1", 0, options))
+        self.stopped = False
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        wait_for(lambda: httpx.get(self.url + "/ready", timeout=5).status_code == 200, timeout)
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self._run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class CallsTopic:
+    """Reads the calls topic from the beginning (no consumer group), decoding each record.
+
+    With ``tag``, only calls whose ``userId`` (or ``anonymousId``) starts with it are kept, so
+    tests can share one topic.
+    """
+
+    def __init__(self, settings: Settings, tag: str | None = None) -> None:
+        self.topic = topics_for(settings).calls
+        self.tag = tag
+        self.consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}"))
+        metadata = self.consumer.list_topics(self.topic, timeout=10)
+        partitions = sorted(metadata.topics[self.topic].partitions)
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+        self.codec = Codec.default()
+        self.records: list[dict[str, Any]] = []
+
+    def _keep(self, record: dict[str, Any]) -> bool:
+        who = record["userId"] or record["anonymousId"] or ""
+        return self.tag is None or who.startswith(self.tag)
+
+    def poll(self, seconds: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.records
+            for message in self.consumer.consume(1000, min(0.1, left)):
+                if message.error() is None:
+                    record = self.codec.decode("Call", message.value())
+                    if self._keep(record):
+                        self.records.append(record)
+
+    def wait(self, count: int, timeout: float = 15.0) -> list[dict[str, Any]]:
+        """Poll until at least ``count`` records arrived; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self.records) < count and time.monotonic() < deadline:
+            self.poll(0.05)
+        assert len(self.records) >= count, (
+            f"{len(self.records)} calls on the topic, expected {count}"
+        )
+        return self.records
+
+    def settle(self, seconds: float = 0.5) -> list[dict[str, Any]]:
+        """Everything that arrived, after ``seconds`` more of polling."""
+        return self.poll(seconds)
+
+    def by_message_id(self) -> dict[str, dict[str, Any]]:
+        return {r["messageId"]: r for r in self.records}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+BODY = re.compile(
+    rb'\{"type":"delete","userId":"user-42","timestamp":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"\}'
+)
+
+
+def three_sources(settings: Settings, receivers: list[Receiver]) -> None:
+    web, ios, batch = receivers
+    apply(
+        settings,
+        {
+            "sources": [
+                {"id": "web", "write_keys": ["wk_web"]},
+                {"id": "ios", "write_keys": ["wk_ios"]},
+                {"id": "batch", "write_keys": ["wk_batch"]},
+            ],
+            "destinations": [
+                {"id": "hooks-web", "sources": ["web"], "webhooks": [{"url": web.url}]},
+                {
+                    "id": "hooks-ios",
+                    "sources": ["ios"],
+                    "shared_secret": "s3cret",
+                    "webhooks": [{"url": ios.url}],
+                },
+                # connected but disabled: the batch source is not affected
+                {
+                    "id": "hooks-batch",
+                    "enabled": False,
+                    "sources": ["batch"],
+                    "webhooks": [{"url": batch.url}],
+                },
+            ],
+        },
+    )
+
+
+SETUP_SCRIPT = ROOT / "tests" / "setup_system.sh"
+
+
+def compose_command() -> list[str] | None:
+    """``docker compose`` (the v2 plugin) when it works here, else ``docker-compose``."""
+    if shutil.which("docker"):
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def _have(tool: str) -> bool:
+    return compose_command() is not None if tool == "compose" else shutil.which(tool) is not None
+
+
+@cache
+def _run_setup_script() -> str:
+    try:
+        done = subprocess.run(
+            ["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        return "tests/setup_system.sh did not finish within 600 s"
+    return f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+
+
+def require_system_tools(*tools: str) -> None:
+    """Make sure ``tools`` (``prometheus``, ``promtool``, ``compose``) are here, installing them
+    with tests/setup_system.sh (Debian's packages, needs root) once when they are not; fail the
+    test with the reason otherwise."""
+    if all(_have(tool) for tool in tools):
+        return
+    output = _run_setup_script()
+    missing = [tool for tool in tools if not _have(tool)]
+    if missing:
+        pytest.fail(
+            f"missing system tools {missing}: tests/setup_system.sh could not install them "
+            f"(it needs root and Debian's package registry).\n{output}",
+            pytrace=False,
+        )

@@ -1,0 +1,201 @@
+"""Fixtures of the integration tests: one embedded broker per xdist worker, everything else unique
+per test (topic prefix, consumer groups, receivers on free ports, workers it starts itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from pipeline.core.settings import Settings
+from pipeline.http.ingest import IngestOptions
+from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import create_topics
+from tests.support import (
+    ROOT,
+    CallsTopic,
+    IngestThread,
+    InProcessWorker,
+    Receiver,
+    Request,
+    ServerThread,
+    apply,
+    ingest_config,
+    settings_env,
+)
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(port=0) as running:
+        yield running
+
+
+@pytest.fixture
+def settings(broker: EmbeddedBroker) -> Settings:
+    """Settings for one test: a unique topic prefix, fast timings, topics created."""
+    settings = Settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
+        partitions=3,
+        retry_partitions=2,
+        session_timeout=6.0,
+        retry_delays=(1.0, 2.0),
+        retry_deadline=8.0,
+        delivery_timeout=1.0,
+        # The SSRF guard blocks loopback by default; test receivers live on 127.0.0.1.
+        allowed_networks=("127.0.0.0/8",),
+        circuit_cool_down=1.0,
+    )
+    create_topics(settings)
+    return settings
+
+
+@pytest.fixture
+def receiver_factory() -> Iterator[Callable[..., Receiver]]:
+    server = ServerThread()
+
+    def make(default: Any = 200, *, ssl_context: Any = None, path: str = "/hook") -> Receiver:
+        receiver = Receiver(url="", default=default)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            with receiver.lock:
+                answer = receiver.responses.pop(0) if receiver.responses else receiver.default
+                if callable(answer):  # answer by the request's body
+                    answer = answer(body)
+                receiver.requests.append(
+                    Request(request.path, dict(request.headers), body, time.time(), answer)
+                )
+            if answer == "hang":
+                await asyncio.sleep(3600)
+            status, headers = answer if isinstance(answer, tuple) else (answer, {})
+            return web.Response(
+                status=status, text="ok" if status < 300 else "nope", headers=headers
+            )
+
+        async def start() -> str:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", handle)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+            await site.start()
+            server.runners.append(runner)
+            port = runner.addresses[0][1]
+            scheme = "https" if ssl_context is not None else "http"
+            return f"{scheme}://127.0.0.1:{port}{path}"
+
+        receiver.url = server.run(start())
+        return receiver
+
+    yield make
+    server.close()
+
+
+@pytest.fixture
+def worker_factory() -> Iterator[Callable[..., InProcessWorker]]:
+    workers: list[InProcessWorker] = []
+
+    def make(
+        settings: Settings, roles: tuple[str, ...] = ("router", "deliver", "retry")
+    ) -> InProcessWorker:
+        worker = InProcessWorker(settings, roles)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.stop()
+
+
+@pytest.fixture
+def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """``python -m pipeline ARGS`` as a subprocess; killed by PID at the end of the test."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", *args],
+            env=settings_env(settings),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+@pytest.fixture
+def ingest_factory() -> Iterator[Callable[..., IngestThread]]:
+    started: list[IngestThread] = []
+
+    def make(settings: Settings, options: IngestOptions | None = None) -> IngestThread:
+        server = IngestThread(settings, options)
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def calls_topic(settings: Settings) -> Iterator[CallsTopic]:
+    reader = CallsTopic(settings)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture(scope="module")
+def shared_settings(broker: EmbeddedBroker) -> Settings:
+    """One topic prefix, config and ingest server for a whole module (they take seconds to
+    start); tests keep apart by tagging their user ids (``tag``, ``tagged_calls``)."""
+    settings = Settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=f"m{uuid.uuid4().hex[:10]}.",
+        partitions=3,
+        retry_partitions=1,
+        session_timeout=6.0,
+    )
+    create_topics(settings)
+    apply(settings, ingest_config())
+    return settings
+
+
+@pytest.fixture(scope="module")
+def ingest(shared_settings: Settings) -> Iterator[IngestThread]:
+    server = IngestThread(shared_settings)
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tag() -> str:
+    """A unique prefix for the user ids of one test."""
+    return f"u{uuid.uuid4().hex[:8]}-"
+
+
+@pytest.fixture
+def tagged_calls(shared_settings: Settings, tag: str) -> Iterator[CallsTopic]:
+    reader = CallsTopic(shared_settings, tag)
+    yield reader
+    reader.close()
