@@ -8,6 +8,7 @@ Ctrl-C stops everything.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -20,6 +21,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from pipeline.commands._args import Subparsers
 from pipeline.core.config import validate_config
 from pipeline.core.settings import Settings
 from pipeline.http.ingest import start_ingest
@@ -219,6 +221,26 @@ async def _first(awaitable: Any, worker: asyncio.Task[None]) -> None:
         waiter.cancel()
         raise worker.exception()  # type: ignore[misc]
     waiter.cancel()
+
+
+def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser(
+        "dev", parents=[common], help="run everything locally on the embedded broker"
+    )
+    parser.add_argument("--receiver-port", type=int, default=8090)
+    parser.add_argument("--broker-port", type=int, default=9092)
+    parser.add_argument("--ingest-port", type=int, default=8080)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    run_dev(
+        settings,
+        receiver_port=args.receiver_port,
+        broker_port=args.broker_port,
+        ingest_port=args.ingest_port,
+    )
+    return 0
 
 
 def run_dev(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Iterable
 
 from pipeline.core.settings import Settings
@@ -19,9 +18,8 @@ from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.roles.deliver import DeliveryHandler
 from pipeline.roles.router import RouterHandler
-from pipeline.runtime.gc_tuning import tune_for_throughput
 
-__all__ = ["ROLES", "run_roles", "run_roles_until_signalled", "group_id"]
+__all__ = ["ROLES", "run_roles", "group_id"]
 
 log = logging.getLogger("pipeline.worker")
 
@@ -97,17 +95,3 @@ async def run_roles(
         if producer is not None:
             await asyncio.to_thread(producer.close)
         follower.stop()
-
-
-def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
-    """The entry point of ``pipeline router|deliver|retry|worker``: SIGINT/SIGTERM drain and exit."""
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_roles(settings, roles, stop)
-
-    tune_for_throughput()
-    asyncio.run(main())

@@ -122,10 +122,12 @@ def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """``python -m pipeline ARGS`` as a subprocess; killed by PID at the end of the test."""
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        settings: Settings, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline", *args],
-            env=settings_env(settings),
+            env={**settings_env(settings), **(env or {})},
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

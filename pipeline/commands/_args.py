@@ -1,0 +1,53 @@
+"""What every command shares: the Kafka flags, server flags, and the settings they make."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TypeAlias
+
+from pipeline.core.settings import Settings
+
+__all__ = ["Subparsers", "common_flags", "server_flags", "metrics_port_flag", "settings_from"]
+
+#: What ``add_subparsers`` returns (argparse does not name the type publicly).
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def common_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("Kafka")
+    group.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (env PIPELINE_BOOTSTRAP_SERVERS, default 127.0.0.1:9092)",
+    )
+    group.add_argument(
+        "--topic-prefix",
+        metavar="PREFIX",
+        help="prefix of every topic and consumer group (env PIPELINE_TOPIC_PREFIX, default none)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return common
+
+
+def server_flags(parser: argparse.ArgumentParser, port: int) -> None:
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=port, help="port (default %(default)s)")
+
+
+def metrics_port_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
+    )
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env()
+    changes: dict[str, object] = {}
+    if getattr(args, "bootstrap_servers", None):
+        changes["bootstrap_servers"] = args.bootstrap_servers
+    if getattr(args, "topic_prefix", None) is not None:
+        changes["topic_prefix"] = args.topic_prefix
+    return settings.replace(**changes) if changes else settings
