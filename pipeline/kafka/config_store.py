@@ -16,14 +16,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
 from pipeline.core.config import ConfigTable, Destination, PipelineConfig, Source, Webhook
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
 from pipeline.core.settings import Settings
-from pipeline.kafka.clients import consumer_config, make_producer, topics_for
+from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
+from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
+from pipeline.kafka.topic_reader import TopicReader
 
 __all__ = ["ConfigFollower", "ApplyPlan", "apply_config", "load_table"]
 
@@ -116,32 +116,21 @@ class ConfigFollower:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        consumer = Consumer(
-            consumer_config(
-                self._settings,
-                group_id="pipeline-config-reader",  # required by librdkafka; never joined
-                **{
-                    "enable.partition.eof": True,
-                    "topic.metadata.refresh.interval.ms": 5000,
-                    # End-of-partition is reported after an empty fetch: answer those quickly.
-                    "fetch.wait.max.ms": 100,
-                },
-            )
+        reader = TopicReader(
+            self._settings,
+            self._topic,
+            # End-of-partition is reported after an empty fetch: answer those quickly.
+            **{"topic.metadata.refresh.interval.ms": 5000, "fetch.wait.max.ms": 100},
         )
         try:
-            partitions = self._partitions(consumer)
-            consumer.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in partitions])
+            partitions = self._partitions(reader)
+            reader.assign(partitions)
             pending_eof = set(partitions)
             while not self._stop.is_set():
+                records, ended = reader.poll(0.2, max_records=500)
+                pending_eof -= ended
                 changed = False
-                for message in consumer.consume(500, 0.2):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            pending_eof.discard(message.partition())
-                        else:
-                            log.warning("config topic: %s", error.str())
-                        continue
+                for message in records:
                     changed |= self._apply_record(message.key(), message.value())
                 if changed or (not self._ready.is_set() and not pending_eof):
                     self._rebuild()
@@ -150,19 +139,16 @@ class ConfigFollower:
         except Exception:  # pragma: no cover - logged, and wait_ready reports the stall
             log.exception("config follower stopped")
         finally:
-            consumer.close()
+            reader.close()
 
-    def _partitions(self, consumer: Consumer) -> list[int]:
-        """The config topic's partitions; waits (retrying) while the broker is unreachable."""
+    def _partitions(self, reader: TopicReader) -> list[int]:
+        """The config topic's partitions; waits (retrying) while the broker is unreachable or the
+        topic is not created yet."""
         while not self._stop.is_set():
             try:
-                metadata = consumer.list_topics(self._topic, timeout=5)
-            except KafkaException as exc:
-                log.debug("config topic metadata: %s; retrying", exc)
-            else:
-                topic = metadata.topics.get(self._topic)
-                if topic is not None and topic.error is None and topic.partitions:
-                    return sorted(topic.partitions)
+                return reader.partitions(timeout=5)
+            except BrokerUnavailable as exc:
+                log.debug("config topic: %s; retrying", exc)
             self._stop.wait(0.5)
         return []
 
@@ -261,21 +247,18 @@ def apply_config(
     plan, writes = _plan(current, config, prune=prune, codec=codec)
     if dry_run or not writes:
         return plan
-    producer = make_producer(settings)
-    errors: list[str] = []
-
-    def delivered(error: KafkaError | None, message: Any) -> None:
-        if error is not None:
-            errors.append(f"{message.key()!r}: {error.str()}")
-
+    producer = AckedProducer(settings)
     topic = topics_for(settings).config
     # Sources first, so a worker never sees a destination whose source it does not know yet.
     for key, value in sorted(writes, key=lambda kv: not kv[0].startswith("source:")):
-        producer.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
-    remaining = producer.flush(timeout)
-    if remaining or errors:
+        producer.produce(topic, key.encode(), value)
+    try:
+        producer.flush(timeout)
+    except BrokerUnavailable as exc:
+        raise BrokerUnavailable(f"the config was not fully written: {exc}") from None
+    if producer.failed:
         raise BrokerUnavailable(
             "the config was not fully written: "
-            + ("; ".join(errors) or f"{remaining} writes unacknowledged after {timeout:.0f} s")
+            + "; ".join(f"{failure.record[1]!r}: {failure}" for failure in producer.failed)
         )
     return plan

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from pipeline.core.deadline import Deadline
 from pipeline.core.offsets import PartitionOffsets
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config
@@ -154,7 +155,7 @@ class ConsumerLoop:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        next_commit = time.monotonic() + self._commit_interval
+        next_commit = Deadline.after(self._commit_interval)
         try:
             while not stop.is_set():
                 if self._in_flight >= self._max_in_flight:
@@ -167,9 +168,9 @@ class ConsumerLoop:
                     batch = self._take(messages)
                     if batch:
                         await self.handler.handle(batch, self)
-                if time.monotonic() >= next_commit:
+                if next_commit.expired():
                     await self._commit(asynchronous=True)
-                    next_commit = time.monotonic() + self._commit_interval
+                    next_commit.renew(self._commit_interval)
         finally:
             await self._shutdown()
 
@@ -280,8 +281,8 @@ class ConsumerLoop:
     async def _release(self, keys: list[TP], *, drain: bool) -> list[TopicPartition]:
         """Stop tracking ``keys``: wait for their in-flight records, return what to commit."""
         if drain:
-            deadline = time.monotonic() + self._revoke_grace
-            while time.monotonic() < deadline and any(
+            deadline = Deadline.after(self._revoke_grace)
+            while not deadline.expired() and any(
                 len(self._partitions[k].offsets) for k in keys if k in self._partitions
             ):
                 await asyncio.sleep(0.02)
@@ -319,8 +320,8 @@ class ConsumerLoop:
                 log.warning("%s: commit failed: %s", self.handler.role, exc)
 
     async def _shutdown(self) -> None:
-        deadline = time.monotonic() + self._revoke_grace
-        while self._in_flight and time.monotonic() < deadline:
+        deadline = Deadline.after(self._revoke_grace)
+        while self._in_flight and not deadline.expired():
             await asyncio.sleep(0.02)
         if self._in_flight:
             log.warning(

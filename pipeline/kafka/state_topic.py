@@ -9,9 +9,8 @@ A command reads the state it needs, decides, produces, and writes the new state.
     count of these topics afterwards (the same rule as for any keyed compacted topic).
 
 ``read_partition``
-    Reads one partition from the beginning to its end, as ``enable.partition.eof`` reports it
-    (the embedded broker's high watermark can lag the true end of the log, so it is not used),
-    without a consumer group, keeping only keys with a given prefix.
+    Reads one partition to its end (``pipeline.kafka.topic_reader.read_topic``), keeping only
+    keys with a given prefix.
 
 Writes go through ``pipeline.kafka.producer.AckedProducer``: the caller moves to its next step
 only when Kafka acknowledged the previous one.
@@ -19,23 +18,13 @@ only when Kafka acknowledged the previous one.
 
 from __future__ import annotations
 
-import logging
-import time
 import zlib
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
-from pipeline.kafka.clients import consumer_config
+from pipeline.kafka.topic_reader import READ_IDLE_TIMEOUT, TopicReader, read_topic
 
 __all__ = ["pinned_partition", "partition_count", "read_partition"]
-
-log = logging.getLogger("pipeline.state")
-
-#: A read with no message and no end-of-partition for this long means the broker is gone.
-READ_IDLE_TIMEOUT = 30.0
 
 
 def pinned_partition(group: bytes, partitions: int) -> int:
@@ -47,34 +36,12 @@ def pinned_partition(group: bytes, partitions: int) -> int:
     return zlib.crc32(group) % partitions
 
 
-def _consumer(settings: Settings) -> Consumer:
-    return Consumer(
-        consumer_config(
-            settings,
-            # Required by librdkafka; never joined (partitions are assigned, offsets not committed).
-            group_id=f"{settings.topic_prefix}state-reader",
-            # A one-shot read to the end: answer fast at the end instead of waiting for data.
-            **{"enable.partition.eof": True, "fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 10},
-        )
-    )
-
-
-def partition_count(settings: Settings, topic: str, consumer: Consumer | None = None) -> int:
-    client = consumer or _consumer(settings)
+def partition_count(settings: Settings, topic: str) -> int:
+    reader = TopicReader(settings, topic)
     try:
-        metadata = client.list_topics(topic, timeout=10)
-    except Exception as exc:  # KafkaException: broker down
-        raise BrokerUnavailable(f"could not read the metadata of topic {topic!r}: {exc}") from None
+        return len(reader.partitions())
     finally:
-        if consumer is None:
-            client.close()
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise BrokerUnavailable(
-            f"topic {topic!r} does not exist at {settings.bootstrap_servers}; "
-            "run `pipeline topics create`"
-        )
-    return len(found.partitions)
+        reader.close()
 
 
 def read_partition(
@@ -88,34 +55,10 @@ def read_partition(
 ) -> tuple[int, int]:
     """Call ``on_record(key, value)`` for every record of ``group``'s partition whose key starts
     with ``key_prefix``, oldest first, up to the end. Returns ``(partition, partition count)``."""
-    consumer = _consumer(settings)
-    try:
-        count = partition_count(settings, topic, consumer)
-        partition = pinned_partition(group, count)
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        last_progress = time.monotonic()
-        while True:
-            # consume() waits its whole timeout unless the batch fills: keep it short.
-            messages = consumer.consume(10_000, 0.02)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return partition, count
-                    if error.fatal():
-                        raise BrokerUnavailable(f"reading {topic!r}: {error.str()}")
-                    log.warning("reading %s: %s", topic, error.str())
-                    continue
-                key = message.key() or b""
-                if key.startswith(key_prefix):
-                    on_record(key, message.value())
-            now = time.monotonic()
-            if messages:
-                last_progress = now
-            elif now - last_progress > idle_timeout:
-                raise BrokerUnavailable(
-                    f"reading {topic!r} partition {partition} stalled: no record and no end of "
-                    f"partition within {idle_timeout:.0f} s"
-                )
-    finally:
-        consumer.close()
+    count = partition_count(settings, topic)
+    partition = pinned_partition(group, count)
+    for message in read_topic(settings, topic, partitions=[partition], idle_timeout=idle_timeout):
+        key = message.key() or b""
+        if key.startswith(key_prefix):
+            on_record(key, message.value())
+    return partition, count

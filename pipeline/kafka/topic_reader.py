@@ -1,55 +1,136 @@
-"""Read a whole topic once, from the beginning to its current end.
+"""Reading topics without a consumer group: once to the end, or following for ever.
+
+Three readers in the pipeline share this: ``dlq list`` reads the dead-letter topic to its end,
+deletion requests and audience syncs read one pinned partition of a state topic to its end, and
+``ConfigFollower`` reads the config topic to its end once (then it is ready) and keeps following.
 
 "The end" is each partition's end-of-partition event, not the high watermark: the embedded broker's
-watermark can lag the true end of the log.
+watermark can lag the true end of the log. A read that sees neither a record nor an end for
+``idle_timeout`` seconds means the broker is gone, and says so.
 """
 
 from __future__ import annotations
 
-import time
+import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
+from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config
 
-__all__ = ["read_topic"]
+__all__ = ["TopicReader", "read_topic", "READ_IDLE_TIMEOUT"]
+
+log = logging.getLogger("pipeline.kafka")
+
+#: A read with no record and no end-of-partition for this long means the broker is gone.
+READ_IDLE_TIMEOUT = 30.0
+
+#: One-shot reads answer fast at the end instead of waiting for data that will not come.
+_READ_TO_END = {"fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 10}
 
 
-def read_topic(settings: Settings, topic: str, *, timeout: float = 60.0) -> Iterator[Message]:
-    """Every record of ``topic`` present now, partition by partition in offset order."""
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"pipeline-reader-{uuid.uuid4().hex[:8]}",  # required by librdkafka; never joined
-            **{"enable.partition.eof": True, "fetch.wait.max.ms": 100},
-        )
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        metadata = consumer.list_topics(topic, timeout=min(timeout, 10))
-        described = metadata.topics.get(topic)
-        if described is None or described.error is not None or not described.partitions:
-            raise BrokerUnavailable(
-                f"topic {topic!r} does not exist (run `pipeline topics create`)"
+class TopicReader:
+    """Partitions of one topic, read from the beginning; ``poll`` returns records and tells which
+    partitions reached their end.
+
+        reader = TopicReader(settings, topic)
+        reader.assign(reader.partitions())
+        records, ended = reader.poll(0.2)
+    """
+
+    def __init__(self, settings: Settings, topic: str, **overrides: Any) -> None:
+        self.topic = topic
+        self._settings = settings
+        self._consumer = Consumer(
+            consumer_config(
+                settings,
+                # Required by librdkafka; never joined (partitions are assigned, nothing committed).
+                f"{settings.topic_prefix}pipeline-reader-{uuid.uuid4().hex[:8]}",
+                **{"enable.partition.eof": True, **overrides},
             )
-        pending = set(described.partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
+        )
+
+    def partitions(self, timeout: float = 10.0) -> list[int]:
+        """The topic's partitions; ``BrokerUnavailable`` when the broker does not answer or the
+        topic does not exist."""
+        try:
+            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnavailable(
+                f"could not read the metadata of topic {self.topic!r}: {exc}"
+            ) from None
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise BrokerUnavailable(
+                f"topic {self.topic!r} does not exist at {self._settings.bootstrap_servers}; "
+                "run `pipeline topics create`"
+            )
+        return sorted(found.partitions)
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        self._consumer.assign(
+            [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
+        )
+
+    def poll(self, timeout: float, max_records: int = 10_000) -> tuple[list[Message], set[int]]:
+        """Records fetched within ``timeout`` (``consume`` waits all of it unless the batch
+        fills: keep it short), and the partitions that reported their end meanwhile."""
+        records: list[Message] = []
+        ended: set[int] = set()
+        for message in self._consumer.consume(max_records, timeout):
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                partition = message.partition()
+                assert partition is not None
+                ended.add(partition)
+            elif error.fatal():
+                raise BrokerUnavailable(f"reading {self.topic!r}: {error.str()}")
+            else:  # librdkafka retries transient trouble by itself
+                log.warning("reading %s: %s", self.topic, error.str())
+        return records, ended
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_topic(
+    settings: Settings,
+    topic: str,
+    *,
+    partitions: Iterable[int] | None = None,
+    idle_timeout: float = READ_IDLE_TIMEOUT,
+) -> Iterator[Message]:
+    """Every record of ``topic`` (or of ``partitions``) present now, partition by partition in
+    offset order; ``BrokerUnavailable`` when the read stalls for ``idle_timeout`` seconds."""
+    reader = TopicReader(settings, topic, **_READ_TO_END)
+    try:
+        pending = set(reader.partitions() if partitions is None else partitions)
+        reader.assign(pending)
+        stalled = Deadline.after(idle_timeout)
         while pending:
-            if time.monotonic() > deadline:
+            records, ended = reader.poll(0.02)
+            yield from records
+            pending -= ended
+            if records or ended:
+                stalled.renew(idle_timeout)
+            elif stalled.expired():
                 raise BrokerUnavailable(
-                    f"could not read {topic!r} to its end within {timeout:.0f} s"
+                    f"reading {topic!r} stalled: no record and no end of partition "
+                    f"within {idle_timeout:.0f} s"
                 )
-            for message in consumer.consume(1000, 0.2):
-                error = message.error()
-                if error is None:
-                    yield message
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(message.partition())
-                else:
-                    raise BrokerUnavailable(f"reading {topic!r}: {error.str()}")
     finally:
-        consumer.close()
+        reader.close()

@@ -58,7 +58,7 @@ def test_retries_are_never_sent_before_their_not_before(settings, receiver_facto
 
     wait_for(lambda: len(receiver.delivered()) == 60, timeout=30)
     due = {}
-    for message in read_topic(settings, topics_for(settings).retry[0], timeout=30):
+    for message in read_topic(settings, topics_for(settings).retry[0], idle_timeout=30):
         record = Codec.default().decode("Delivery", message.value())
         due[record["messageId"]] = record["notBefore"] / 1000
     retried = {r.json["messageId"]: r.at for r in receiver.requests if r.answer == 200}
