@@ -4,14 +4,20 @@
     POST /v1/batch, /v1/import                          {"batch": [...], "context": ..., ...}
     POST /v1/i|t|p|s|g|a|b                              the short paths analytics.js uses
     GET  /health   /ready   /metrics
+    POST /admin/delete-user, GET /admin/delete-user/{id}   deletion requests (``pipeline.http.admin``)
+
+The request's parsing (body JSON, write key, calls, the clock-skew rule, error codes) is pure and
+lives in ``pipeline.core.segment_request``; this module is the I/O around it: reading the body,
+looking up the write key, producing, answering.
 
 Why it is shaped like this:
 
 - The answer is the contract. ``200 {"success": true}`` is sent only after Kafka acknowledged every
   call of the request (``acks=all``, idempotent producer): an acknowledged call is never lost. If
   Kafka does not answer within ``ack_timeout`` the request gets 503, and the sender retries.
-- Validation is all or nothing: every call of a request is parsed (``parse_call``, the same rules the
-  client library applies) before the first one is produced, so an invalid request writes nothing.
+- Validation is all or nothing: every call of a request is parsed (``iter_request``, with
+  ``parse_call``'s rules, the client library's too) before the first one is produced, so an
+  invalid request writes nothing.
 - The body is read as a stream with a cap. A gzip body is inflated piece by piece with an output
   limit, so a gzip bomb costs at most the limit of memory before it is refused with 413.
 - Producing never blocks the event loop: ``AsyncProducer`` hands delivery reports over from its
@@ -27,15 +33,11 @@ the body (413, 415, 400), then a ``writeKey`` in the body (401), then each call 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import enum
-import hmac
 import logging
 import os
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,19 +46,25 @@ from aiohttp import web
 from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.core.calls import (
-    MAX_BATCH_BYTES,
-    MAX_CALL_BYTES,
-    Call,
-    CallType,
-    json_kind,
-    parse_call,
-)
+from pipeline.core.calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType
+from pipeline.core.config import ConfigTable
 from pipeline.core.durations import parse_duration
-from pipeline.core.exceptions import BrokerUnavailable, CallTooLarge, InvalidCall
+from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.records import call_to_record
+from pipeline.core.segment_request import (
+    BATCH_ENDPOINTS,
+    SINGLE_ENDPOINTS,
+    ErrorCode,
+    RequestRefused,
+    basic_username,
+    body_write_key,
+    iter_request,
+    parse_json,
+)
 from pipeline.core.settings import Settings
-from pipeline.core.timestamps import format_timestamp, now_ms, parse_timestamp
+from pipeline.core.timestamps import now_ms
+from pipeline.http.admin import AdminEndpoints
+from pipeline.http.errors import error_response
 from pipeline.kafka.clients import make_producer, topics_for, wait_for_broker
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
@@ -67,37 +75,15 @@ from pipeline.runtime.gc_tuning import tune_for_throughput
 
 __all__ = [
     "IngestOptions",
-    "ErrorCode",
     "make_ingest_app",
-    "iter_request",
+    "read_body",
     "start_ingest",
     "run_ingest",
-    "SINGLE_ENDPOINTS",
-    "BATCH_ENDPOINTS",
     "SERVER_ARGS",
 ]
 
 log = logging.getLogger("pipeline.ingest")
 
-#: ``/v1/<name>`` → the call type it takes. The one-letter names are analytics.js's short paths.
-SINGLE_ENDPOINTS: Mapping[str, CallType] = {
-    "identify": CallType.IDENTIFY,
-    "track": CallType.TRACK,
-    "page": CallType.PAGE,
-    "screen": CallType.SCREEN,
-    "group": CallType.GROUP,
-    "alias": CallType.ALIAS,
-    "i": CallType.IDENTIFY,
-    "t": CallType.TRACK,
-    "p": CallType.PAGE,
-    "s": CallType.SCREEN,
-    "g": CallType.GROUP,
-    "a": CallType.ALIAS,
-}
-BATCH_ENDPOINTS = frozenset({"batch", "import", "b"})
-#: Types the tracking API takes. ``delete`` calls come only from deletion requests.
-ACCEPTED_TYPES = tuple(t for t in CallType if t is not CallType.DELETE)
-_ACCEPTED_TEXT = ", ".join(ACCEPTED_TYPES)
 _GZIP = frozenset({"gzip", "x-gzip"})
 _IDENTITY = frozenset({"", "identity"})
 _CHUNK = 64 * 1024
@@ -140,78 +126,6 @@ class IngestOptions:
         )
 
 
-class ErrorCode(enum.StrEnum):
-    """The ``code`` of an error answer; also the ``reason`` label of ``calls_rejected_total``."""
-
-    EMPTY_BODY = "empty_body"
-    """400: the body is empty."""
-    INVALID_JSON = "invalid_json"
-    """400: the body is not JSON."""
-    INVALID_GZIP = "invalid_gzip"
-    """400: ``Content-Encoding: gzip`` but the body is not a complete gzip stream."""
-    INVALID_CALL = "invalid_call"
-    """400: a field breaks a rule (missing, wrong type, bad value); ``field`` names it."""
-    MISSING_WRITE_KEY = "missing_write_key"
-    """401: no write key, neither as the Basic username nor as ``writeKey``."""
-    INVALID_WRITE_KEY = "invalid_write_key"
-    """401: no source has this write key."""
-    NOT_FOUND = "not_found"
-    """404: no such endpoint."""
-    TOO_LARGE = "too_large"
-    """413: a call over 32 KB or a request over 500 KB."""
-    UNSUPPORTED_ENCODING = "unsupported_encoding"
-    """415: a ``Content-Encoding`` other than gzip or identity."""
-    KAFKA_UNAVAILABLE = "kafka_unavailable"
-    """503: Kafka did not acknowledge in time; nothing is known to be written; retry."""
-    SCHEMA_REGISTRY_UNAVAILABLE = "schema_registry_unavailable"
-    """503: the Schema Registry (when one is configured) did not answer; nothing was written."""
-    NOT_READY = "not_ready"
-    """503: the config is not loaded yet; retry."""
-
-
-_STATUS = {
-    ErrorCode.EMPTY_BODY: 400,
-    ErrorCode.INVALID_JSON: 400,
-    ErrorCode.INVALID_GZIP: 400,
-    ErrorCode.INVALID_CALL: 400,
-    ErrorCode.MISSING_WRITE_KEY: 401,
-    ErrorCode.INVALID_WRITE_KEY: 401,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.TOO_LARGE: 413,
-    ErrorCode.UNSUPPORTED_ENCODING: 415,
-    ErrorCode.KAFKA_UNAVAILABLE: 503,
-    ErrorCode.SCHEMA_REGISTRY_UNAVAILABLE: 503,
-    ErrorCode.NOT_READY: 503,
-}
-
-
-class _Refused(Exception):
-    """A request answered with an error; ``calls`` is how many calls it held, when known."""
-
-    def __init__(
-        self, code: ErrorCode, message: str, *, field: str | None = None, calls: int = 1
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-        self.calls = calls
-
-    @classmethod
-    def from_invalid(cls, exc: InvalidCall, prefix: str = "", *, calls: int = 1) -> _Refused:
-        field = f"{prefix}.{exc.field}" if prefix and exc.field != "call" else prefix or exc.field
-        code = ErrorCode.TOO_LARGE if isinstance(exc, CallTooLarge) else ErrorCode.INVALID_CALL
-        return cls(code, f"{field}: {exc.message}", field=field, calls=calls)
-
-    def response(self, retry_after: int) -> web.Response:
-        body: dict[str, Any] = {"success": False, "code": self.code.value, "message": self.message}
-        if self.field is not None:
-            body["field"] = self.field
-        status = _STATUS[self.code]
-        headers = {"Retry-After": str(retry_after)} if status == 503 else None
-        return _json(body, status, headers)
-
-
 def _json(
     body: object, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
@@ -223,181 +137,6 @@ def _json(
 _SUCCESS = orjson.dumps({"success": True})
 #: A call that is only encoded, never sent (to register the schema at start).
 _SAMPLE = Call(type=CallType.TRACK, message_id="-", source_id="-", timestamp=0, received_at=0)
-
-
-# ---- pure parts: body, write key, calls -----------------------------------------------------------
-
-
-def basic_username(header: str) -> str | None:
-    """The username of an HTTP Basic ``Authorization`` header; a missing colon is accepted.
-
-    >>> basic_username("Basic " + base64.b64encode(b"wk_1:").decode())
-    'wk_1'
-    >>> basic_username("Basic " + base64.b64encode(b"wk_1").decode())
-    'wk_1'
-    """
-    scheme, _, credentials = header.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return decoded.partition(":")[0]
-
-
-def _skew_corrected(item: Mapping[str, Any], received_at: int) -> str | None:
-    """Segment's clock-skew rule for a call without ``timestamp`` but with ``originalTimestamp``.
-
-    ``timestamp = receivedAt - (sentAt - originalTimestamp)``: the device's clock may be wrong,
-    but the time between the call and its sending is right. Never later than ``receivedAt``.
-    """
-    original = item.get("originalTimestamp")
-    if not isinstance(original, str):
-        return None
-    try:
-        original_ms = parse_timestamp(original)
-    except ValueError:
-        raise InvalidCall(
-            "originalTimestamp", f"{original!r} is not an ISO 8601 date-time"
-        ) from None
-    sent_at = item.get("sentAt")
-    if isinstance(sent_at, str) and sent_at:
-        try:
-            sent_ms = parse_timestamp(sent_at)
-        except ValueError:
-            return None  # parse_call names the sentAt problem
-        return format_timestamp(min(received_at, received_at - (sent_ms - original_ms)))
-    return format_timestamp(min(received_at, original_ms))
-
-
-def _prepared(item: dict[str, Any], received_at: int) -> dict[str, Any]:
-    """The call with Segment's ``originalTimestamp`` turned into ``timestamp`` where needed
-    (in place: the callers pass their own copy of the call)."""
-    if item.get("timestamp") in (None, "") and item.get("originalTimestamp") is not None:
-        corrected = _skew_corrected(item, received_at)
-        if corrected is not None:
-            item["timestamp"] = corrected
-    return item
-
-
-def _check_type(value: object, field: str) -> None:
-    if value is None:
-        raise InvalidCall(field, f"is required in a batch: one of {_ACCEPTED_TEXT}")
-    if not isinstance(value, str):
-        raise InvalidCall(
-            field, f"must be a string, one of {_ACCEPTED_TEXT}; got {json_kind(value)}"
-        )
-    if value == CallType.DELETE:
-        raise InvalidCall(
-            field,
-            "'delete' is not accepted by the tracking API: deletions come from deletion "
-            "requests (pipeline delete-user)",
-        )
-    if value not in ACCEPTED_TYPES:
-        raise InvalidCall(field, f"{value!r} is not a call type; use one of {_ACCEPTED_TEXT}")
-
-
-def _merged(top: dict[str, Any] | None, own: object) -> object:
-    """Top-level ``context``/``integrations`` under an item's own (the item's keys win)."""
-    if not top:
-        return own
-    if own is None:
-        return top
-    if isinstance(own, dict):
-        return {**top, **own}
-    return own  # the wrong type: parse_call names it
-
-
-def _object_or_none(payload: Mapping[str, Any], field: str) -> dict[str, Any] | None:
-    value = payload.get(field)
-    if value is None or isinstance(value, dict):
-        return value
-    raise _Refused(
-        ErrorCode.INVALID_CALL,
-        f"{field}: must be a JSON object, got {json_kind(value)}",
-        field=field,
-    )
-
-
-def iter_request(
-    kind: str,
-    payload: Any,
-    *,
-    source_id: str,
-    received_at: int,
-    max_call_bytes: int = MAX_CALL_BYTES,
-) -> Iterator[Call]:
-    """Every call of one request, validated, one at a time (the server yields to its loop in
-    between); raises ``_Refused`` naming the first bad field."""
-    if not isinstance(payload, dict):
-        raise _Refused(
-            ErrorCode.INVALID_CALL,
-            f"body: must be a JSON object, got {json_kind(payload)}",
-            field="body",
-        )
-    if kind in BATCH_ENDPOINTS:
-        yield from _parse_batch(payload, source_id, received_at, max_call_bytes)
-        return
-    call_type = SINGLE_ENDPOINTS[kind]
-    raw = {k: v for k, v in payload.items() if k != "writeKey"}
-    try:
-        size = _size(raw, max_call_bytes)
-        raw["type"] = call_type.value  # the path decides; a stray "type" in the body is ignored
-        call = _parse_one(_prepared(raw, received_at), source_id, received_at, size)
-    except InvalidCall as exc:
-        raise _Refused.from_invalid(exc) from None
-    yield call
-
-
-def _size(raw: Mapping[str, Any], max_bytes: int) -> int:
-    """A call's size: its compact JSON as the sender sent it (before the batch's context,
-    integrations and sentAt are merged in), which is what a client can measure too."""
-    size = len(orjson.dumps(raw, default=str))
-    if size > max_bytes:
-        raise CallTooLarge("call", size, max_bytes)
-    return size
-
-
-def _parse_one(raw: dict[str, Any], source_id: str, received_at: int, size: int) -> Call:
-    return parse_call(raw, source_id=source_id, received_at=received_at, raw_size=size)
-
-
-def _parse_batch(
-    payload: dict[str, Any], source_id: str, received_at: int, max_call_bytes: int
-) -> Iterator[Call]:
-    batch = payload.get("batch")
-    if batch is None:
-        raise _Refused(
-            ErrorCode.INVALID_CALL, "batch: is required: an array of calls", field="batch"
-        )
-    if not isinstance(batch, list):
-        raise _Refused(
-            ErrorCode.INVALID_CALL,
-            f"batch: must be an array, got {json_kind(batch)}",
-            field="batch",
-        )
-    context = _object_or_none(payload, "context")
-    integrations = _object_or_none(payload, "integrations")
-    sent_at = payload.get("sentAt")
-    for index, item in enumerate(batch):
-        where = f"batch[{index}]"
-        try:
-            if not isinstance(item, dict):
-                raise InvalidCall("call", f"must be a JSON object, got {json_kind(item)}")
-            _check_type(item.get("type"), "type")
-            size = _size(item, max_call_bytes)
-            raw = dict(item)
-            if context is not None:
-                raw["context"] = _merged(context, item.get("context"))
-            if integrations is not None:
-                raw["integrations"] = _merged(integrations, item.get("integrations"))
-            if sent_at is not None and item.get("sentAt") is None:
-                raw["sentAt"] = sent_at
-            call = _parse_one(_prepared(raw, received_at), source_id, received_at, size)
-        except InvalidCall as exc:
-            raise _Refused.from_invalid(exc, where, calls=len(batch)) from None
-        yield call
 
 
 async def read_body(
@@ -412,12 +151,12 @@ async def read_body(
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     gzipped = encoding in _GZIP
     if not gzipped and encoding not in _IDENTITY:
-        raise _Refused(
+        raise RequestRefused(
             ErrorCode.UNSUPPORTED_ENCODING,
             f"Content-Encoding: {encoding!r} is not supported; send gzip or no encoding",
             field="Content-Encoding",
         )
-    too_large = _Refused(
+    too_large = RequestRefused(
         ErrorCode.TOO_LARGE,
         f"body: is over the limit of {limit:,} bytes a request"
         + (" (counted after decompression)" if gzipped else ""),
@@ -444,29 +183,20 @@ async def read_body(
             if len(out) > limit or inflater.unconsumed_tail:
                 raise too_large
     except zlib.error as exc:
-        raise _Refused(
+        raise RequestRefused(
             ErrorCode.INVALID_GZIP, f"body: not a valid gzip stream: {exc}", field="body"
         ) from None
     if inflater is not None and wire and not inflater.eof:
-        raise _Refused(ErrorCode.INVALID_GZIP, "body: the gzip stream is truncated", field="body")
+        raise RequestRefused(
+            ErrorCode.INVALID_GZIP, "body: the gzip stream is truncated", field="body"
+        )
     if inflater is not None and inflater.unused_data:
-        raise _Refused(
+        raise RequestRefused(
             ErrorCode.INVALID_GZIP,
             "body: data after the end of the gzip stream (one gzip member only)",
             field="body",
         )
     return bytes(out)
-
-
-def parse_json(body: bytes) -> Any:
-    if not body.strip():
-        raise _Refused(ErrorCode.EMPTY_BODY, "body: is empty; send a JSON object", field="body")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise _Refused(
-            ErrorCode.INVALID_JSON, f"body: not valid JSON: {exc}", field="body"
-        ) from None
 
 
 # ---- the service ---------------------------------------------------------------------------------
@@ -546,7 +276,7 @@ class _IngestService:
         task.add_done_callback(self._closing_producers.discard)
 
     async def produce(self, calls: list[Call], records: list[Outgoing]) -> None:
-        """Return once Kafka acknowledged every record; ``_Refused`` 503 otherwise."""
+        """Return once Kafka acknowledged every record; ``RequestRefused`` 503 otherwise."""
         producer = self.producer
         assert producer is not None
         timeout = self.options.ack_timeout
@@ -562,7 +292,7 @@ class _IngestService:
             if any(failure.refusal.fatal for failure in failed):
                 self._replace_producer(producer)
             problem, unanswered = str(failed[0]), len(failed)
-        raise _Refused(
+        raise RequestRefused(
             ErrorCode.KAFKA_UNAVAILABLE,
             f"Kafka did not acknowledge {unanswered} of {len(calls)} calls "
             f"({problem}); nothing is known to be written: retry",
@@ -571,36 +301,47 @@ class _IngestService:
 
     def source_for(self, write_key: str) -> str:
         if not self.config_ready():
-            raise _Refused(ErrorCode.NOT_READY, "the config is not loaded yet; retry")
+            raise RequestRefused(ErrorCode.NOT_READY, "the config is not loaded yet; retry")
         assert self.follower is not None
         source = self.follower.table.source_for_write_key(write_key)
         if source is None:
             shown = write_key if len(write_key) <= 8 else write_key[:4] + "…"
-            raise _Refused(
+            raise RequestRefused(
                 ErrorCode.INVALID_WRITE_KEY,
                 f"writeKey: no source has the write key {shown!r}",
                 field="writeKey",
             )
         return source.id
 
+    def table(self) -> ConfigTable | None:
+        """The followed config, once loaded (for the admin endpoints)."""
+        return self.follower.table if self.follower is not None else None
+
     # ---- handlers ----
+
+    def _answer(self, refused: RequestRefused) -> web.Response:
+        status = refused.status
+        headers = {"Retry-After": str(self.options.retry_after)} if status == 503 else None
+        return error_response(status, refused.code, refused.message, refused.field, headers)
 
     async def handle_call(self, request: web.Request) -> web.Response:
         kind = request.match_info["kind"]
         if kind not in SINGLE_ENDPOINTS and kind not in BATCH_ENDPOINTS:
-            return _Refused(
-                ErrorCode.NOT_FOUND,
-                f"/v1/{kind}: no such endpoint; use identify, track, page, screen, group, "
-                "alias, batch or import",
-            ).response(self.options.retry_after)
+            return self._answer(
+                RequestRefused(
+                    ErrorCode.NOT_FOUND,
+                    f"/v1/{kind}: no such endpoint; use identify, track, page, screen, group, "
+                    "alias, batch or import",
+                )
+            )
         try:
             calls = await self._accept(request, kind)
-        except _Refused as refused:
+        except RequestRefused as refused:
             if refused.calls:
                 self._rejected[refused.code].inc(refused.calls)
             if refused.code is not ErrorCode.KAFKA_UNAVAILABLE:
                 log.debug("refused %s: %s", request.path, refused.message)
-            return refused.response(self.options.retry_after)
+            return self._answer(refused)
         per_type: dict[CallType, int] = {}
         for call in calls:  # one counter update per type, not per call
             per_type[call.type] = per_type.get(call.type, 0) + 1
@@ -614,7 +355,7 @@ class _IngestService:
         if header:
             username = basic_username(header)
             if username is None:
-                raise _Refused(
+                raise RequestRefused(
                     ErrorCode.INVALID_WRITE_KEY,
                     "Authorization: not an HTTP Basic credential; send the write key as the "
                     "username with an empty password",
@@ -626,7 +367,7 @@ class _IngestService:
         payload = parse_json(body)
         received_at = now_ms()
         if source_id is None:
-            source_id = self.source_for(self._body_write_key(payload))
+            source_id = self.source_for(body_write_key(payload))
         # Parse and encode in slices, letting other requests run in between: a 500 KB batch of
         # tiny calls is ten thousand of them.
         calls: list[Call] = []
@@ -645,112 +386,13 @@ class _IngestService:
                 if len(calls) % _SLICE == 0:
                     await asyncio.sleep(0)
         except SchemaRegistryUnavailable as exc:
-            raise _Refused(
+            raise RequestRefused(
                 ErrorCode.SCHEMA_REGISTRY_UNAVAILABLE,
                 f"the Schema Registry did not answer ({exc}); nothing was written: retry",
             ) from None
         if calls:
             await self.produce(calls, records)
         return calls
-
-    @staticmethod
-    def _body_write_key(payload: object) -> str:
-        key = payload.get("writeKey") if isinstance(payload, dict) else None
-        if key is None or key == "":
-            raise _Refused(
-                ErrorCode.MISSING_WRITE_KEY,
-                "writeKey: no write key; send it as the HTTP Basic username (empty password) "
-                "or as writeKey in the body",
-                field="writeKey",
-            )
-        if not isinstance(key, str):
-            raise _Refused(
-                ErrorCode.INVALID_CALL,
-                f"writeKey: must be a string, got {json_kind(key)}",
-                field="writeKey",
-            )
-        return key
-
-    # ---- admin: deletion requests (seed §1.6) ----------------------------------------------------
-
-    def _admin_refusal(self, request: web.Request) -> web.Response | None:
-        token = self.options.admin_token
-        if token is None:
-            return _admin_error(
-                404,
-                "admin_disabled",
-                "admin endpoints are off; set PIPELINE_ADMIN_TOKEN to turn them on",
-            )
-        given = request.headers.get("Authorization", "")
-        expected = f"Bearer {token}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return _admin_error(
-                401, "unauthorized", "Authorization: Bearer <PIPELINE_ADMIN_TOKEN> is required"
-            )
-        return None
-
-    async def delete_user(self, request: web.Request) -> web.Response:
-        """``POST /admin/delete-user {"userId", "reason"?, "force"?}``: a deletion request."""
-        from pipeline.ops.deletion import request_deletion
-
-        refused = self._admin_refusal(request)
-        if refused is not None:
-            return refused
-        try:
-            payload = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return _admin_error(400, "invalid_json", f"body: not JSON: {exc}")
-        if not isinstance(payload, dict) or not isinstance(payload.get("userId"), str):
-            return _admin_error(400, "invalid_field", "userId: a string is required")
-        reason, force = payload.get("reason"), payload.get("force", False)
-        if reason is not None and not isinstance(reason, str):
-            return _admin_error(400, "invalid_field", "reason: must be a string")
-        if not isinstance(force, bool):
-            return _admin_error(400, "invalid_field", "force: must be true or false")
-        assert self.follower is not None
-        try:
-            outcome = await asyncio.to_thread(
-                request_deletion,
-                self.settings,
-                payload["userId"],
-                reason=reason,
-                force=force,
-                table=self.follower.table,
-            )
-        except InvalidCall as exc:
-            return _admin_error(400, "invalid_field", str(exc))
-        except BrokerUnavailable as exc:
-            return _admin_error(503, "kafka_unavailable", str(exc))
-        return web.json_response(
-            {
-                "success": not outcome.failed,
-                "userId": outcome.user_id,
-                "notified": outcome.notified,
-                "alreadyNotified": sorted(outcome.already),
-                "unaffected": outcome.unaffected,
-                "failed": outcome.failed,
-            },
-            status=200 if not outcome.failed else 503,
-        )
-
-    async def deletion_status(self, request: web.Request) -> web.Response:
-        """``GET /admin/delete-user/{user_id}``: the recorded requests and what they sent."""
-        from pipeline.ops.deletion import read_request
-
-        refused = self._admin_refusal(request)
-        if refused is not None:
-            return refused
-        try:
-            record = await asyncio.to_thread(
-                read_request, self.settings, request.match_info["user_id"]
-            )
-        except InvalidCall as exc:
-            return _admin_error(400, "invalid_field", str(exc))
-        except BrokerUnavailable as exc:
-            return _admin_error(503, "kafka_unavailable", str(exc))
-        if record is None:
-            return _admin_error(404, "not_found", "no deletion request for this user")
-        return web.json_response({"success": True, **record})
 
     async def health(self, _request: web.Request) -> web.Response:
         return _json({"status": "ok"})
@@ -784,10 +426,6 @@ class _IngestService:
 SERVER_ARGS: Mapping[str, Any] = {"auto_decompress": False}
 
 
-def _admin_error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"success": False, "code": code, "message": message}, status=status)
-
-
 def make_ingest_app(settings: Settings, options: IngestOptions | None = None) -> web.Application:
     """The aiohttp application; Kafka clients start with the app and stop with it.
 
@@ -804,8 +442,7 @@ def make_ingest_app(settings: Settings, options: IngestOptions | None = None) ->
     app = web.Application()
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/{kind}", service.handle_call)
-    app.router.add_post("/admin/delete-user", service.delete_user)
-    app.router.add_get("/admin/delete-user/{user_id}", service.deletion_status)
+    AdminEndpoints(settings, service.options.admin_token, service.table).add_routes(app)
     app.router.add_get("/health", service.health)
     app.router.add_get("/ready", service.ready)
     app.router.add_get("/metrics", service.metrics)

@@ -3,6 +3,10 @@
 A line's own ``writeKey`` wins over ``--write-key``; ``--source`` names the source directly. Bad
 lines are reported by line number and skipped; every good line is sent, and acknowledged by Kafka
 before the summary is printed.
+
+A line is the call as a Segment library would send it: one without ``timestamp`` but with
+``originalTimestamp`` (and ``sentAt``) gets its ``timestamp`` by Segment's clock-skew rule, exactly
+as the ingestion API does (``pipeline.core.segment_request.correct_timestamp``).
 """
 
 from __future__ import annotations
@@ -11,20 +15,21 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 import orjson
-from confluent_kafka import KafkaError
 from tqdm import tqdm
 
 from pipeline.core.calls import parse_call
 from pipeline.core.config import ConfigTable
 from pipeline.core.exceptions import BrokerUnavailable, InvalidCall
 from pipeline.core.records import call_to_record
+from pipeline.core.segment_request import correct_timestamp
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
-from pipeline.kafka.clients import make_producer, topics_for
+from pipeline.kafka.clients import topics_for
 from pipeline.kafka.config_store import load_table
+from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 
 __all__ = ["SendSummary", "send_lines", "open_input"]
@@ -40,18 +45,6 @@ class SendSummary:
     @property
     def ok(self) -> bool:
         return not self.rejected and not self.failed
-
-
-class _Acks:
-    def __init__(self) -> None:
-        self.acked = 0
-        self.errors: list[str] = []
-
-    def __call__(self, error: KafkaError | None, _message: Any) -> None:
-        if error is None:
-            self.acked += 1
-        else:
-            self.errors.append(error.str())
 
 
 def open_input(path: str) -> IO[bytes]:
@@ -75,8 +68,7 @@ def send_lines(
         raise InvalidCall("--source", f"no source has the id {source_id!r}")
     codec = make_codec(settings)
     topic = topics_for(settings).calls
-    producer = make_producer(settings)
-    acks = _Acks()
+    producer = AckedProducer(settings)
     summary = SendSummary()
     # progress None: a bar only when stderr is a terminal.
     bar = tqdm(unit=" calls", disable=None if progress is None else not progress, file=sys.stderr)
@@ -89,29 +81,29 @@ def send_lines(
                 continue
             try:
                 source = _source_of(raw, table, write_key, source_id)
-                call = parse_call(raw, source_id=source, received_at=now_ms(), raw_size=len(line))
+                received_at = now_ms()
+                if isinstance(raw, dict):  # anything else: parse_call names the problem
+                    correct_timestamp(raw, received_at)
+                call = parse_call(
+                    raw, source_id=source, received_at=received_at, raw_size=len(line)
+                )
             except InvalidCall as exc:
                 summary.rejected.append((number, str(exc)))
                 continue
-            record = codec.encode("Call", call_to_record(call))
-            while True:
-                try:
-                    producer.produce(topic, record, call.key, on_delivery=acks)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
+            producer.produce(topic, call.key, codec.encode("Call", call_to_record(call)))
             summary.sent += 1
             bar.update()
-        remaining = producer.flush(timeout)
+        try:
+            producer.flush(timeout)
+        except BrokerUnavailable:
+            remaining = summary.sent - producer.acks.answered
+            raise BrokerUnavailable(
+                f"{remaining} of {summary.sent} calls were not acknowledged by Kafka within "
+                f"{timeout:.0f} s; they may or may not have been written"
+            ) from None
     finally:
         bar.close()
-    summary.failed = acks.errors
-    if remaining:
-        raise BrokerUnavailable(
-            f"{remaining} of {summary.sent} calls were not acknowledged by Kafka within "
-            f"{timeout:.0f} s; they may or may not have been written"
-        )
+    summary.failed = [str(failure) for failure in producer.failed]
     summary.seconds = time.monotonic() - started
     return summary
 

@@ -23,15 +23,27 @@ def test_admin_endpoint_notifies_each_affected_source_once(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     url = f"{api.url}/admin/delete-user"
 
-    assert httpx.post(url, json={"userId": "user-42"}).status_code == 401
-    assert (
-        httpx.post(
-            url, json={"userId": "user-42"}, headers={"Authorization": "Bearer no"}
-        ).status_code
-        == 401
-    )
+    unauthorized = {
+        "success": False,
+        "code": "unauthorized",
+        "message": "Authorization: Bearer <PIPELINE_ADMIN_TOKEN> is required",
+        "field": "Authorization",
+    }
+    anonymous = httpx.post(url, json={"userId": "user-42"})
+    assert (anonymous.status_code, anonymous.json()) == (401, unauthorized)
+    wrong = httpx.post(url, json={"userId": "user-42"}, headers={"Authorization": "Bearer no"})
+    assert (wrong.status_code, wrong.json()) == (401, unauthorized)
     bad = httpx.post(url, json={"userId": 42}, headers=auth)
-    assert bad.status_code == 400 and bad.json()["message"] == "userId: a string is required"
+    assert (bad.status_code, bad.json()) == (
+        400,
+        {
+            "success": False,
+            "code": "invalid_field",
+            "message": "userId: a string is required",
+            "field": "userId",
+        },
+    )
+    assert bad.headers["Content-Type"] == "application/json"
 
     first = httpx.post(url, json={"userId": "user-42", "reason": "GDPR"}, headers=auth, timeout=30)
     assert first.status_code == 200, first.text
@@ -48,11 +60,21 @@ def test_admin_endpoint_notifies_each_affected_source_once(
     status = httpx.get(f"{url}/user-42", headers=auth, timeout=30)
     assert status.status_code == 200
     assert [r["reason"] for r in status.json()["requests"]][:1] == ["GDPR"]
-    assert httpx.get(f"{url}/nobody", headers=auth, timeout=30).status_code == 404
+    nobody = httpx.get(f"{url}/nobody", headers=auth, timeout=30)
+    assert (nobody.status_code, nobody.json()) == (
+        404,
+        {"success": False, "code": "not_found", "message": "no deletion request for this user"},
+    )
 
 
 def test_admin_endpoints_are_off_without_a_token(settings, ingest_factory):  # noqa: F811
     api = ingest_factory(settings, IngestOptions())
     response = httpx.post(f"{api.url}/admin/delete-user", json={"userId": "u"}, timeout=10)
-    assert response.status_code == 404
-    assert response.json()["code"] == "admin_disabled"
+    assert (response.status_code, response.json()) == (
+        404,
+        {
+            "success": False,
+            "code": "admin_disabled",
+            "message": "admin endpoints are off; set PIPELINE_ADMIN_TOKEN to turn them on",
+        },
+    )

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import gzip
+import re
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
+import pytest
 
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import parse_timestamp
@@ -246,6 +249,7 @@ def test_every_endpoint_write_key_form_and_batch_merge(ingest, tagged_calls, tag
     assert orjson.loads(second["context"]) == {"ip": "10.0.0.9", "locale": "de-DE"}
 
 
+@functools.cache
 def _bomb() -> bytes:
     """20 MB of spaces inside a JSON object: about 20 KB gzipped."""
     return gzip.compress(b"{" + b" " * 20_000_000 + b"}", compresslevel=9)
@@ -254,8 +258,18 @@ def _bomb() -> bytes:
 BIG = "x" * 33_000
 
 
-def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int, dict[str, Any]]]:
-    """(name, path, headers, body, status, error body) of requests the API must refuse."""
+class BadRequest(NamedTuple):
+    """A request the API must refuse, and the exact answer it must get."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    status: int
+    error: dict[str, Any]
+
+
+def _bad_requests(user: str) -> dict[str, BadRequest]:
+    """The requests the API must refuse, by name; their calls are ``user``'s."""
     auth = basic(WRITE_KEY)
     gz = {**auth, "Content-Encoding": "gzip"}
     track = {"userId": user, "event": "E"}
@@ -271,17 +285,15 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
     oversized_batch = {
         "batch": [{"type": "track", **track, "properties": {"p": "y" * 30_000}}] * 18
     }
-    return [
-        (
-            "empty body",
+    return {
+        "empty body": BadRequest(
             "/v1/track",
             auth,
             b"",
             400,
             call("empty_body", "body: is empty; send a JSON object", "body"),
         ),
-        (
-            "malformed JSON",
+        "malformed JSON": BadRequest(
             "/v1/track",
             auth,
             b'{"userId": "u", ',
@@ -292,24 +304,21 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "body",
             ),
         ),
-        (
-            "body not an object",
+        "body not an object": BadRequest(
             "/v1/track",
             auth,
             b"[1, 2]",
             400,
             call("invalid_call", "body: must be a JSON object, got an array", "body"),
         ),
-        (
-            "missing event",
+        "missing event": BadRequest(
             "/v1/track",
             auth,
             orjson.dumps({"userId": "u"}),
             400,
             call("invalid_call", "event: is required for a track call", "event"),
         ),
-        (
-            "missing user",
+        "missing user": BadRequest(
             "/v1/identify",
             auth,
             orjson.dumps({"traits": {}}),
@@ -320,24 +329,21 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "userId",
             ),
         ),
-        (
-            "wrong type of properties",
+        "wrong type of properties": BadRequest(
             "/v1/track",
             auth,
             orjson.dumps({**track, "properties": "cheap"}),
             400,
             call("invalid_call", "properties: must be a JSON object, got a string", "properties"),
         ),
-        (
-            "wrong type of userId",
+        "wrong type of userId": BadRequest(
             "/v1/track",
             auth,
             orjson.dumps({**track, "userId": True}),
             400,
             call("invalid_call", "userId: must be a string, got a boolean", "userId"),
         ),
-        (
-            "bad timestamp",
+        "bad timestamp": BadRequest(
             "/v1/track",
             auth,
             orjson.dumps({**track, "timestamp": "noon"}),
@@ -348,24 +354,21 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "timestamp",
             ),
         ),
-        (
-            "batch not an array",
+        "batch not an array": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": {"type": "track"}}),
             400,
             call("invalid_call", "batch: must be an array, got an object", "batch"),
         ),
-        (
-            "batch missing",
+        "batch missing": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"calls": []}),
             400,
             call("invalid_call", "batch: is required: an array of calls", "batch"),
         ),
-        (
-            "batch item without type",
+        "batch item without type": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": [{"type": "track", **track}, track]}),
@@ -377,8 +380,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "batch[1].type",
             ),
         ),
-        (
-            "batch item invalid",
+        "batch item invalid": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": [{"type": "track", **track}, {"type": "group", "userId": "u"}]}),
@@ -387,8 +389,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "invalid_call", "batch[1].groupId: is required for a group call", "batch[1].groupId"
             ),
         ),
-        (
-            "delete is not accepted",
+        "delete is not accepted": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": [{"type": "delete", "userId": "u"}]}),
@@ -400,16 +401,14 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "batch[0].type",
             ),
         ),
-        (
-            "top-level context of the wrong type",
+        "top-level context of the wrong type": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": [], "context": [1]}),
             400,
             call("invalid_call", "context: must be a JSON object, got an array", "context"),
         ),
-        (
-            "no write key",
+        "no write key": BadRequest(
             "/v1/track",
             {},
             orjson.dumps(track),
@@ -421,8 +420,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "writeKey",
             ),
         ),
-        (
-            "unknown write key (Basic)",
+        "unknown write key (Basic)": BadRequest(
             "/v1/track",
             basic("wk_nope"),
             orjson.dumps(track),
@@ -431,16 +429,14 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "invalid_write_key", "writeKey: no source has the write key 'wk_nope'", "writeKey"
             ),
         ),
-        (
-            "unknown write key (body)",
+        "unknown write key (body)": BadRequest(
             "/v1/track",
             {},
             orjson.dumps({**track, "writeKey": "wk_unknown_key"}),
             401,
             call("invalid_write_key", "writeKey: no source has the write key 'wk_u…'", "writeKey"),
         ),
-        (
-            "not Basic auth",
+        "not Basic auth": BadRequest(
             "/v1/track",
             {"Authorization": "Bearer abc"},
             orjson.dumps(track),
@@ -452,8 +448,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "Authorization",
             ),
         ),
-        (
-            "oversized call",
+        "oversized call": BadRequest(
             "/v1/track",
             auth,
             orjson.dumps(big_call),
@@ -464,8 +459,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "call",
             ),
         ),
-        (
-            "oversized call in a batch",
+        "oversized call in a batch": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps({"batch": [{"type": "track", **track}, big_item]}),
@@ -477,16 +471,14 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "batch[1]",
             ),
         ),
-        (
-            "oversized batch",
+        "oversized batch": BadRequest(
             "/v1/batch",
             auth,
             orjson.dumps(oversized_batch),
             413,
             call("too_large", "body: is over the limit of 512,000 bytes a request", "body"),
         ),
-        (
-            "gzip bomb",
+        "gzip bomb": BadRequest(
             "/v1/batch",
             gz,
             _bomb(),
@@ -497,8 +489,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "body",
             ),
         ),
-        (
-            "not gzip",
+        "not gzip": BadRequest(
             "/v1/batch",
             gz,
             b'{"batch": []}',
@@ -510,16 +501,14 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "body",
             ),
         ),
-        (
-            "truncated gzip",
+        "truncated gzip": BadRequest(
             "/v1/track",
             gz,
             gzip.compress(orjson.dumps(track))[:-12],
             400,
             call("invalid_gzip", "body: the gzip stream is truncated", "body"),
         ),
-        (
-            "unsupported encoding",
+        "unsupported encoding": BadRequest(
             "/v1/track",
             {**auth, "Content-Encoding": "br"},
             orjson.dumps(track),
@@ -530,8 +519,7 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 "Content-Encoding",
             ),
         ),
-        (
-            "unknown endpoint",
+        "unknown endpoint": BadRequest(
             "/v1/delete",
             auth,
             orjson.dumps(track),
@@ -543,10 +531,25 @@ def _bad_requests(user: str) -> list[tuple[str, str, dict[str, str], bytes, int,
                 None,
             ),
         ),
-    ]
+    }
 
 
-def test_bad_input_gets_the_exact_error_and_loses_nothing(ingest, tagged_calls, tag):
+#: One test per bad request (the user only changes the bodies, not the names).
+BAD_REQUESTS = list(_bad_requests("u"))
+
+
+def _rejected_total(metrics: str, code: str) -> float:
+    """``pipeline_calls_rejected_total{reason=code}`` in a /metrics text."""
+    prefix = f'pipeline_calls_rejected_total{{reason="{code}"}} '
+    line = next(line for line in metrics.splitlines() if line.startswith(prefix))
+    return float(line.removeprefix(prefix))
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, id=re.sub(r"\W+", "-", name).strip("-")) for name in BAD_REQUESTS]
+)
+def test_bad_input_gets_the_exact_error_and_loses_nothing(ingest, tagged_calls, tag, name):
+    bad = _bad_requests(tag + "x")[name]
     good: list[str] = []
 
     def send_good(http: httpx.Client) -> None:
@@ -560,24 +563,26 @@ def test_bad_input_gets_the_exact_error_and_loses_nothing(ingest, tagged_calls, 
         good.append(message_id)
 
     with httpx.Client(timeout=10) as http:
-        for name, path, headers, body, status, error in _bad_requests(tag + "x"):
-            send_good(http)
-            started = time.monotonic()
-            response = http.post(ingest.url + path, content=body, headers=headers)
-            assert (response.status_code, response.json()) == (status, error), name
-            assert response.headers["Content-Type"] == "application/json", name
-            # Answered at once, not after a stall (the gzip bomb is not inflated): seconds, not 30.
-            assert time.monotonic() - started < 10.0, name
+        send_good(http)
+        rejected_before = _rejected_total(http.get(ingest.url + "/metrics").text, bad.error["code"])
+        started = time.monotonic()
+        response = http.post(ingest.url + bad.path, content=bad.body, headers=bad.headers)
+        assert (response.status_code, response.json()) == (bad.status, bad.error)
+        assert response.headers["Content-Type"] == "application/json"
+        # Answered at once, not after a stall (the gzip bomb is not inflated): seconds, not 30.
+        assert time.monotonic() - started < 10.0
         send_good(http)
         assert http.get(ingest.url + "/health").json() == {"status": "ok"}
         assert http.get(ingest.url + "/ready").json() == {"ready": True}
         metrics = http.get(ingest.url + "/metrics").text
     assert 'pipeline_calls_rejected_total{reason="too_large"}' in metrics
     assert 'pipeline_calls_ingested_total{type="track"}' in metrics
+    if bad.error["code"] != "not_found":  # an unknown path is not a refused call
+        assert _rejected_total(metrics, bad.error["code"]) > rejected_before
 
     tagged_calls.wait(len(good))
     records = tagged_calls.settle(0.5)
-    # Every acknowledged call is there once, and nothing of a refused request was written.
+    # Every acknowledged call is there once, and nothing of the refused request was written.
     assert sorted(r["messageId"] for r in records) == sorted(good)
 
 
@@ -604,6 +609,48 @@ def test_concurrent_requests_are_all_acknowledged_and_written(ingest, tagged_cal
     assert statuses == [200] * 60
     records = tagged_calls.wait(600)
     assert len({r["messageId"] for r in records}) == 600
+
+
+# ---- clock skew: the API and `pipeline send` agree -------------------------------------------------
+
+
+def test_send_and_the_api_correct_clock_skew_alike(ingest, shared_settings, tagged_calls, tag):
+    """A call without ``timestamp`` but with ``originalTimestamp`` gets Segment's skew-corrected
+    time (``receivedAt - (sentAt - originalTimestamp)``, or ``originalTimestamp`` without
+    ``sentAt``), whether it comes through the API or through ``pipeline send``."""
+    from pipeline.ops.send import send_lines
+
+    original, sent_at = "2020-01-01T00:00:00.000Z", "2020-01-01T00:01:30.250Z"
+    skewed = {"type": "track", "event": "Skewed", "originalTimestamp": original, "sentAt": sent_at}
+    unsent = {"type": "track", "event": "Unsent", "originalTimestamp": original}
+    bad = {"type": "track", "event": "Bad", "originalTimestamp": "soon"}
+    refusal = "originalTimestamp: 'soon' is not an ISO 8601 date-time"
+    with httpx.Client(timeout=10, headers=basic(WRITE_KEY)) as http:
+        for path, call in (("skewed", skewed), ("unsent", unsent)):
+            body = {**call, "userId": f"{tag}api", "messageId": f"api-{path}"}
+            response = http.post(f"{ingest.url}/v1/track", json=body)
+            assert (response.status_code, response.json()) == (200, {"success": True})
+        response = http.post(f"{ingest.url}/v1/track", json={**bad, "userId": f"{tag}api"})
+        assert response.status_code == 400
+        assert response.json()["message"] == refusal
+    lines = [
+        orjson.dumps({**skewed, "userId": f"{tag}send", "messageId": "send-skewed"}),
+        orjson.dumps({**unsent, "userId": f"{tag}send", "messageId": "send-unsent"}),
+        orjson.dumps({**bad, "userId": f"{tag}send"}),
+    ]
+    summary = send_lines(shared_settings, lines, write_key=WRITE_KEY, progress=False)
+    assert (summary.sent, summary.rejected) == (2, [(3, refusal)])
+
+    tagged_calls.wait(4)
+    by_id = tagged_calls.by_message_id()
+    assert len(tagged_calls.settle(0.3)) == 4
+    lag = parse_timestamp(sent_at) - parse_timestamp(original)
+    for via in ("api", "send"):
+        corrected = by_id[f"{via}-skewed"]
+        assert corrected["timestamp"] == corrected["receivedAt"] - lag, via
+        assert corrected["sentAt"] == parse_timestamp(sent_at), via
+        # No sentAt: originalTimestamp as it is (never later than receivedAt).
+        assert by_id[f"{via}-unsent"]["timestamp"] == parse_timestamp(original), via
 
 
 # ---- Kafka trouble ---------------------------------------------------------------------------------
