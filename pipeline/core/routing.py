@@ -1,21 +1,31 @@
-"""Which destinations a call goes to. Pure logic.
+"""Which destinations a call goes to, and what the router makes of one record. Pure logic.
 
 A call goes to every enabled destination connected to its source, unless the source blocks the
 track event (seed §4.3 rule 7) or the call's ``integrations`` map turns the destination off (rule 6).
+
+``route_record`` is the router's whole decision for one Kafka record of ``calls``: undecodable
+(dead letter), dropped (with the reason), or one ``Delivery`` per destination with its Kafka key
+``<destinationId>/<user key>``: one destination's traffic spreads over partitions, one user's calls
+to one destination stay in one partition, in order.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.config import ConfigTable, Destination
+from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.integrations import is_enabled
+from pipeline.core.records import Delivery
+from pipeline.core.render import render_body
 
-__all__ = ["DropReason", "Route", "route"]
+__all__ = ["DropReason", "Route", "route", "Routed", "route_record"]
 
 
 class DropReason(enum.StrEnum):
@@ -48,3 +58,40 @@ def route(call: Call, table: ConfigTable) -> Route:
     if not candidates:
         return Route(dropped=DropReason.NO_DESTINATION)
     return Route(destinations=candidates)
+
+
+class Routed(NamedTuple):
+    """The router's decision for one record of ``calls``."""
+
+    call_type: CallType | None = None
+    """The call's type (counted as routed); ``None`` when it did not decode."""
+    deliveries: tuple[tuple[bytes, Delivery], ...] = ()
+    """(Kafka key, record) for the deliveries topic, one per destination."""
+    dropped: DropReason | None = None
+    undecodable: str | None = None
+    """Why the record is not a call: it goes to the dead-letter topic, raw."""
+
+
+def route_record(
+    data: bytes | None, decode: Callable[[bytes | None], Call], table: ConfigTable
+) -> Routed:
+    """What to do with the record ``data``; ``decode`` turns it into a ``Call`` or raises
+    ``UndecodableRecord`` (``KeyError``, ``ValueError``: a record that is not a valid call).
+    Anything else it raises (the Schema Registry is down) is not the record's fault: it propagates.
+    """
+    try:
+        call = decode(data)
+    except (UndecodableRecord, KeyError, ValueError) as exc:
+        return Routed(undecodable=str(exc))
+    decision = route(call, table)
+    if decision.dropped is not None:
+        return Routed(call.type, dropped=decision.dropped)
+    body = render_body(call)  # once per call: every destination and every retry send these bytes
+    user_key = b"/" + call.key
+    return Routed(
+        call.type,
+        tuple(
+            (destination.id.encode() + user_key, Delivery.for_call(call, destination.id, body))
+            for destination in decision.destinations
+        ),
+    )

@@ -51,7 +51,12 @@ from pipeline.core.audience import (
 from pipeline.core.calls import Call, CallType
 from pipeline.core.config import ConfigTable
 from pipeline.core.exceptions import BrokerUnavailable, InvalidCall
-from pipeline.core.records import call_to_record
+from pipeline.core.records import (
+    TraitState,
+    call_to_record,
+    trait_state_from_record,
+    trait_state_to_record,
+)
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
@@ -134,7 +139,7 @@ class _StateRecords:
         key = (value, pending, pending_at, at)
         data = self._encoded.get(key)
         if data is None:
-            record = {"value": value, "pending": pending, "pendingAt": pending_at, "updatedAt": at}
+            record = trait_state_to_record(TraitState(value, pending, pending_at, at))
             data = self._codec.encode("TraitState", record)
             if len(self._encoded) < self.LIMIT:
                 self._encoded[key] = data
@@ -143,8 +148,8 @@ class _StateRecords:
     def decode(self, data: bytes) -> tuple[str | None, str | None, int | None]:
         fields = self._decoded.get(data)
         if fields is None:
-            record = self._codec.decode("TraitState", data)
-            fields = (record["value"], record["pending"], record["pendingAt"])
+            state = trait_state_from_record(self._codec.decode("TraitState", data))
+            fields = (state.value, state.pending, state.pending_at)
             if len(data) <= self.SMALL and len(self._decoded) < self.LIMIT:
                 self._decoded[data] = fields
         return fields

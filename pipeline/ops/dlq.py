@@ -10,18 +10,24 @@ accident, not even by a replay that crashed half-way.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
-
+from pipeline.core.dead_letters import replay
 from pipeline.core.durations import parse_duration
-from pipeline.core.exceptions import BrokerUnavailable
+from pipeline.core.records import (
+    DeadLetter,
+    dead_letter_from_record,
+    dead_letter_to_record,
+    delivery_to_record,
+    replay_from_record,
+    replay_to_record,
+)
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms, parse_timestamp
-from pipeline.kafka.clients import producer_config, topics_for
+from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
+from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import read_topic
 
@@ -50,12 +56,15 @@ class DlqFilter:
     since: int | None = None
     until: int | None = None
 
-    def matches(self, letter: dict[str, Any]) -> bool:
-        delivery = letter["delivery"] or {}
-        at = letter["deadLetteredAt"]
+    def matches(self, letter: DeadLetter) -> bool:
+        delivery = letter.delivery
+        at = letter.dead_lettered_at
         return (
-            (self.destination is None or delivery.get("destinationId") == self.destination)
-            and (self.reason is None or letter["reason"] == self.reason)
+            (
+                self.destination is None
+                or (delivery is not None and delivery.destination_id == self.destination)
+            )
+            and (self.reason is None or letter.reason == self.reason)
             and (self.since is None or at >= self.since)
             and (self.until is None or at <= self.until)
         )
@@ -63,20 +72,25 @@ class DlqFilter:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterEntry:
-    letter: dict[str, Any]
+    dead_letter: DeadLetter
     replayed_at: int | None
 
     @property
+    def letter(self) -> dict[str, Any]:
+        """The dead letter as the codec's record (the schema's camelCase keys), for display."""
+        return dead_letter_to_record(self.dead_letter)
+
+    @property
     def replayable(self) -> bool:
-        return self.letter["delivery"] is not None
+        return self.dead_letter.delivery is not None
 
 
 def _replayed(settings: Settings, codec: RecordCodec) -> dict[str, int]:
     replayed: dict[str, int] = {}
     for message in read_topic(settings, topics_for(settings).dlq_replays):
         if message.value() is not None:
-            record = codec.decode("Replay", message.value())
-            replayed[record["deadLetterId"]] = record["replayedAt"]
+            marker = replay_from_record(codec.decode("Replay", message.value()))
+            replayed[marker.dead_letter_id] = marker.replayed_at
     return replayed
 
 
@@ -85,9 +99,9 @@ def list_dead_letters(settings: Settings, selection: DlqFilter) -> list[DeadLett
     replayed = _replayed(settings, codec)
     entries = []
     for message in read_topic(settings, topics_for(settings).dlq):
-        letter = codec.decode("DeadLetter", message.value())
+        letter = dead_letter_from_record(codec.decode("DeadLetter", message.value()))
         if selection.matches(letter):
-            entries.append(DeadLetterEntry(letter, replayed.get(letter["id"])))
+            entries.append(DeadLetterEntry(letter, replayed.get(letter.id)))
     return entries
 
 
@@ -115,41 +129,19 @@ def replay_dead_letters(
 
     codec = make_codec(settings)
     topics = topics_for(settings)
-    producer = Producer(
-        producer_config(settings, **{"transactional.id": f"pipeline-dlq-replay-{uuid.uuid4()}"})
-    )
-    try:
-        producer.init_transactions(timeout)
-        producer.begin_transaction()
-        now = now_ms()
+    producer = AckedProducer(settings, transactional=True)
+    now = now_ms()
+    with producer.transaction(timeout, what="replay"):
         for entry in summary.replayed:
-            delivery = dict(entry.letter["delivery"])
-            delivery.update(
-                firstAttemptAt=None,
-                deadline=None,
-                notBefore=now,
-                tier=0,
-                replays=delivery["replays"] + 1,
-            )
-            key = f"{delivery['destinationId']}/{delivery['messageId']}".encode()
-            producer.produce(topics.retry[0], codec.encode("Delivery", delivery), key)
-            marker = {
-                "deadLetterId": entry.letter["id"],
-                "replayedAt": now,
-                "messageId": delivery["messageId"],
-                "destinationId": delivery["destinationId"],
-            }
+            delivery, marker = replay(entry.dead_letter, now)
+            key = f"{delivery.destination_id}/{delivery.message_id}".encode()
+            value = codec.encode("Delivery", delivery_to_record(delivery))
+            producer.produce(topics.retry[0], key, value)
             producer.produce(
-                topics.dlq_replays, codec.encode("Replay", marker), entry.letter["id"].encode()
+                topics.dlq_replays,
+                marker.dead_letter_id.encode(),
+                codec.encode("Replay", replay_to_record(marker)),
             )
-            producer.poll(0)
-        producer.commit_transaction(timeout)
-    except Exception as exc:
-        try:
-            producer.abort_transaction(5)
-        except Exception:  # noqa: S110 - the original error is the one to report
-            pass
-        raise BrokerUnavailable(f"replay aborted, nothing was replayed: {exc}") from None
     return summary
 
 

@@ -13,6 +13,9 @@ For each record:
 4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
    dead-letter topic when the deadline leaves no room. Permanent failure → dead letter.
 5. The record is finished only after Kafka acknowledged the hand-off.
+
+Steps 1, 2 and 4 are decided by ``pipeline.core.delivery_policy`` (pure); this module does the
+I/O around them: decode, send, produce, finish, and the metrics.
 """
 
 from __future__ import annotations
@@ -24,10 +27,17 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
-from pipeline.core.config import Destination
 from pipeline.core.dead_letters import dead_letter
+from pipeline.core.delivery_policy import Conclusion, Go, before_attempt, conclude
 from pipeline.core.exceptions import UndecodableRecord
-from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult, decide
+from pipeline.core.outcomes import DeadLetterReason, Outcome
+from pipeline.core.records import (
+    DeadLetter,
+    Delivery,
+    dead_letter_to_record,
+    delivery_from_record,
+    delivery_to_record,
+)
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
@@ -39,7 +49,7 @@ from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.runtime import metrics
 
-__all__ = ["DeliveryHandler", "HOLD_SECONDS"]
+__all__ = ["DeliveryHandler", "HOLD_SECONDS", "letter_of"]
 log = logging.getLogger("pipeline.deliver")
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
@@ -90,20 +100,21 @@ class DeliveryHandler:
         # not a task, a future and a wake-up each. A hanging destination's records take this path
         # once its circuit is open, so they cost its healthy neighbours little.
         decided: list[tuple[Taken, list[Outgoing]]] = []
-        held: list[tuple[float, Taken, dict[str, Any]]] = []
+        held: list[tuple[float, Taken, Delivery]] = []
         try:
             for taken in batch:
-                message = taken.message
                 key = taken.key
                 if key in deferred:
                     continue  # the loop sought back; these come again after the pause
                 try:
-                    record = self._codec.decode("Delivery", message.value())
+                    record = delivery_from_record(
+                        self._codec.decode("Delivery", taken.message.value())
+                    )
                 except UndecodableRecord as exc:
-                    letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
+                    letter = letter_of(DeadLetterReason.UNDECODABLE, taken, detail=str(exc))
                     decided.append((taken, [self._dlq(letter)]))
                     continue
-                not_before = record["notBefore"] / 1000
+                not_before = record.not_before / 1000
                 if not_before > now:
                     if not_before - now <= HOLD_SECONDS:
                         held.append((not_before, taken, record))
@@ -125,7 +136,7 @@ class DeliveryHandler:
     def _start(
         self,
         taken: Taken,
-        record: dict[str, Any],
+        record: Delivery,
         loop: ConsumerLoop,
         now: float,
         decided: list[tuple[Taken, list[Outgoing]]],
@@ -133,19 +144,22 @@ class DeliveryHandler:
         """A due record: decided without a request (appended to ``decided``), or a request's
         task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
         try:
-            before = self._before_attempt(taken, record, now)
+            destination = self._follower.table.destinations.get(record.destination_id)
+            before = before_attempt(
+                record, destination, self._schedule, now, self._sender.refused_by_circuits
+            )
+            if isinstance(before, Go):
+                self._spawn(self._process(taken, before, loop, now))
+                return
+            out = self._hand_off(taken, before, now)
         except SchemaRegistryUnavailable:
             raise
         except Exception as exc:  # a bug must neither lose the record nor stall it
-            before = self._internal_error(taken, record, exc)
-        if isinstance(before, list):
-            decided.append((taken, before))
-        else:
-            destination, final = before
-            self._spawn(self._process(taken, record, loop, destination, final, now))
+            out = self._internal_error(taken, record, exc)
+        decided.append((taken, out))
 
     async def _start_when_due(
-        self, held: list[tuple[float, Taken, dict[str, Any]]], loop: ConsumerLoop
+        self, held: list[tuple[float, Taken, Delivery]], loop: ConsumerLoop
     ) -> None:
         """Start each held record at its ``notBefore``, never before; those due together are
         decided together (one hand-off)."""
@@ -183,10 +197,14 @@ class DeliveryHandler:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
 
-    def _dlq(self, letter: dict[str, Any]) -> Outgoing:
-        metrics.DEAD_LETTERS.labels(letter["reason"]).inc()
-        key = (letter["delivery"] or {}).get("destinationId", "").encode() or None
-        return (self._topics.dlq, key, self._codec.encode("DeadLetter", letter))
+    def _dlq(self, letter: DeadLetter) -> Outgoing:
+        metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        key = letter.delivery.destination_id.encode() if letter.delivery is not None else None
+        return (
+            self._topics.dlq,
+            key or None,
+            self._codec.encode("DeadLetter", dead_letter_to_record(letter)),
+        )
 
     async def _hand_off_all(
         self, decided: list[tuple[Taken, list[Outgoing]]], loop: ConsumerLoop
@@ -196,34 +214,29 @@ class DeliveryHandler:
         for taken, _ in decided:
             loop.finish(taken)
 
-    def _internal_error(
-        self, taken: Taken, record: dict[str, Any], exc: Exception
-    ) -> list[Outgoing]:
+    def _internal_error(self, taken: Taken, record: Delivery, exc: Exception) -> list[Outgoing]:
         """The dead letter of a record a bug stopped (called in the ``except`` block)."""
-        log.exception("%s: unexpected error on %s", self.role, record.get("messageId"))
-        letter = dead_letter(
+        log.exception("%s: unexpected error on %s", self.role, record.message_id)
+        letter = letter_of(
             DeadLetterReason.INTERNAL_ERROR,
-            taken.message,
+            taken,
             delivery=record,
             detail=f"{type(exc).__name__}: {exc}",
         )
         return [self._dlq(letter)]
 
-    async def _process(
-        self,
-        taken: Taken,
-        record: dict[str, Any],
-        loop: ConsumerLoop,
-        destination: Destination,
-        final: bool,
-        now: float,
-    ) -> None:
-        """Steps 3 to 5 for a record ``_before_attempt`` (at ``now``) cleared for a request."""
+    async def _process(self, taken: Taken, go: Go, loop: ConsumerLoop, now: float) -> None:
+        """Steps 3 to 5 for a record ``before_attempt`` (at ``now``) cleared for a request."""
+        record = go.delivery
         try:
             results = await self._sender.attempt(
-                destination, record["body"], record["messageId"], final=final
+                go.destination, record.body, record.message_id, final=go.final
             )
-            out = self._conclude(taken, record, results, now, time.time())
+            finished = time.time()
+            conclusion = conclude(record, results, self._schedule, now, finished)
+            if conclusion.requested:
+                metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
+            out = self._hand_off(taken, conclusion, finished)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
@@ -233,117 +246,33 @@ class DeliveryHandler:
             await self._producer.send_all_until_acked(out, self._stop)
         loop.finish(taken)
 
-    def _before_attempt(
-        self, taken: Taken, record: dict[str, Any], now: float
-    ) -> tuple[Destination, bool] | list[Outgoing]:
-        """Steps 1 and 2, and the circuits: the destination and whether this is the record's final
-        attempt, or the hand-off when no request is to be made (dead letter; next tier when every
-        webhook's circuit is open)."""
-        message = taken.message
-        destination = self._follower.table.destinations.get(record["destinationId"])
-        if destination is None or not destination.enabled:
-            reason = (
-                DeadLetterReason.DESTINATION_DELETED
-                if destination is None
-                else DeadLetterReason.DESTINATION_DISABLED
-            )
-            self._outcomes[Outcome.DEAD_LETTER].inc()
-            return [self._dlq(dead_letter(reason, message, delivery=record))]
-
-        first = record["firstAttemptAt"]
-        if first is not None and not self._schedule.may_attempt(
-            first_attempt_at=first / 1000, now=now
-        ):
-            self._outcomes[Outcome.DEAD_LETTER].inc()
-            detail = "the deadline passed before this attempt could start"
-            return [
-                self._dlq(
-                    dead_letter(
-                        DeadLetterReason.DEADLINE_EXCEEDED, message, delivery=record, detail=detail
-                    )
-                )
-            ]
-        if first is None:
-            record["firstAttemptAt"] = first = int(now * 1000)
-            record["deadline"] = int(self._schedule.deadline_at(now) * 1000)
-
-        # The last slot before the deadline is a record's final chance: it is always tried, even
-        # through an open circuit (which would otherwise dead-letter it without a request).
-        final = now >= self._schedule.last_slot(first / 1000)
-        if not final:
-            refused = self._sender.refused_by_circuits(destination)
-            if refused is not None:
-                return self._conclude(taken, record, refused, now, now)
-        return destination, final
-
-    def _conclude(
-        self,
-        taken: Taken,
-        record: dict[str, Any],
-        results: Sequence[UrlResult],
-        now: float,
-        finished: float,
-    ) -> list[Outgoing]:
-        """Steps 3 and 4 after the attempt (begun at ``now``): the hand-off by outcome.
-
-        Results that are all ``circuit_open`` (known before, or once a connection slot was free)
-        mean no request was made: no attempt to time.
-        """
-        message = taken.message
-        first = record["firstAttemptAt"]
-        decision = decide(results)
-        if not all(result.failure is Failure.CIRCUIT_OPEN for result in results):
-            metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
-
-        if decision.outcome is Outcome.DELIVERED:
-            self._outcomes[Outcome.DELIVERED].inc()
-            metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record["receivedAt"] / 1000))
+    def _hand_off(self, taken: Taken, conclusion: Conclusion, finished: float) -> list[Outgoing]:
+        """The records to produce for ``conclusion`` (reached at ``finished``), and its metrics."""
+        outcome, record = conclusion.outcome, conclusion.delivery
+        self._outcomes[outcome].inc()
+        if outcome is Outcome.DELIVERED:
+            metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
             return []  # a delivered record is not kept, so neither is its attempt history
-        record["attempts"].extend(_attempt_entries(results, now))
-        if decision.outcome is Outcome.DEAD_LETTER:
-            assert decision.reason is not None
-            self._outcomes[Outcome.DEAD_LETTER].inc()
-            return [self._dlq(dead_letter(decision.reason, message, delivery=record))]
-        retry = self._schedule.next_retry(
-            first_attempt_at=first / 1000,
-            now=finished,
-            tier=record["tier"],
-            retry_after=decision.retry_after,
-        )
-        if retry is None:
-            self._outcomes[Outcome.DEAD_LETTER].inc()
-            detail = f"retryable failures for {self._schedule.deadline:g} s"
-            return [
-                self._dlq(
-                    dead_letter(
-                        DeadLetterReason.DEADLINE_EXCEEDED, message, delivery=record, detail=detail
-                    )
-                )
-            ]
-        self._outcomes[Outcome.RETRY].inc()
-        record["tier"] = retry.tier
-        record["notBefore"] = int(retry.not_before * 1000)
-        self._retries[retry.tier].inc()
-        return [
-            (
-                self._topics.retry[retry.tier],
-                message.key(),
-                self._codec.encode("Delivery", record),
-            )
-        ]
+        if outcome is Outcome.RETRY:
+            self._retries[record.tier].inc()
+            value = self._codec.encode("Delivery", delivery_to_record(record))
+            return [(self._topics.retry[record.tier], taken.message.key(), value)]
+        assert conclusion.reason is not None
+        letter = letter_of(conclusion.reason, taken, delivery=record, detail=conclusion.detail)
+        return [self._dlq(letter)]
 
 
-def _attempt_entries(results: Sequence[UrlResult], started: float) -> list[dict[str, Any]]:
-    at = int(started * 1000)
-    return [
-        {
-            "at": at,
-            "url": result.url,
-            "status": result.status,
-            "error": None
-            if result.failure is None
-            else (f"{result.failure}: {result.detail}" if result.detail else str(result.failure)),
-            "durationMs": int(result.duration * 1000),
-        }
-        for result in results
-    ]
+def letter_of(
+    reason: str, taken: Taken, *, delivery: Delivery | None = None, detail: str = ""
+) -> DeadLetter:
+    """The dead letter of the Kafka record ``taken``: ``delivery`` when it decoded, else its bytes."""
+    topic, partition = taken.key
+    return dead_letter(
+        reason,
+        topic=topic,
+        partition=partition,
+        offset=taken.offset,
+        raw=taken.message.value(),
+        delivery=delivery,
+        detail=detail,
+    )

@@ -9,19 +9,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from pipeline.core.calls import CallType
-from pipeline.core.dead_letters import dead_letter
-from pipeline.core.exceptions import UndecodableRecord
+from pipeline.core.calls import Call, CallType
 from pipeline.core.outcomes import DeadLetterReason
-from pipeline.core.records import call_from_record, new_delivery
-from pipeline.core.render import render_body
-from pipeline.core.routing import DropReason, route
+from pipeline.core.records import call_from_record, dead_letter_to_record, delivery_to_record
+from pipeline.core.routing import DropReason, route_record
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles.deliver import letter_of
 from pipeline.runtime import metrics
 
 __all__ = ["RouterHandler"]
@@ -61,10 +59,14 @@ class RouterHandler:
         for taken in batch:
             loop.finish(taken)
 
+    def _decode(self, data: bytes | None) -> Call:
+        return call_from_record(self._codec.decode("Call", data))
+
     def _route(self, batch: list[Taken]) -> list[Outgoing] | None:
         """The records to produce for ``batch``; ``None`` when the worker must stop."""
         table = self._follower.table
         codec = self._codec
+        decode = self._decode
         deliveries_topic = self._topics.deliveries
         out: list[Outgoing] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
@@ -72,33 +74,27 @@ class RouterHandler:
         dropped: dict[DropReason, int] = {}
         try:
             for taken in batch:
-                message = taken.message
                 try:
-                    call = call_from_record(codec.decode("Call", message.value()))
+                    decision = route_record(taken.message.value(), decode, table)
                 except SchemaRegistryUnavailable as exc:
                     # Not the record's fault: stop without finishing it; a restart picks it up.
                     self.fatal = exc
                     self._stop.set()
                     return None
-                except (UndecodableRecord, KeyError, ValueError) as exc:
-                    letter = dead_letter(DeadLetterReason.UNDECODABLE, message, detail=str(exc))
-                    metrics.DEAD_LETTERS.labels(DeadLetterReason.UNDECODABLE.value).inc()
-                    out.append((self._topics.dlq, None, codec.encode("DeadLetter", letter)))
+                if decision.call_type is None:
+                    undecodable = DeadLetterReason.UNDECODABLE
+                    letter = letter_of(undecodable, taken, detail=decision.undecodable or "")
+                    metrics.DEAD_LETTERS.labels(undecodable.value).inc()
+                    value = codec.encode("DeadLetter", dead_letter_to_record(letter))
+                    out.append((self._topics.dlq, None, value))
                     continue
-                routed[call.type] = routed.get(call.type, 0) + 1
-                decision = route(call, table)
+                routed[decision.call_type] = routed.get(decision.call_type, 0) + 1
                 if decision.dropped is not None:
                     dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
                     continue
-                body = render_body(call)
-                user_key = call.key
-                for destination in decision.destinations:
-                    record = codec.encode("Delivery", new_delivery(call, destination.id, body))
-                    # One destination's traffic spreads over partitions; one user's calls to one
-                    # destination stay in one partition, in order.
-                    out.append(
-                        (deliveries_topic, destination.id.encode() + b"/" + user_key, record)
-                    )
+                for key, delivery in decision.deliveries:
+                    value = codec.encode("Delivery", delivery_to_record(delivery))
+                    out.append((deliveries_topic, key, value))
         finally:
             for call_type, count in routed.items():
                 self._routed[call_type].inc(count)

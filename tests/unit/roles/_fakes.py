@@ -1,0 +1,107 @@
+"""Stand-ins for the Kafka and HTTP shells around a handler: a consumer loop, a producer, a
+sender and a config follower, so handlers are driven without a broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.config import ConfigTable, Destination
+from pipeline.core.outcomes import UrlResult
+from pipeline.kafka.consumer_loop import Taken, _Partition
+from pipeline.kafka.producer import Outgoing
+from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+
+
+class FakeMessage:
+    def __init__(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ):
+        self._where = (topic, partition, offset)
+        self._key, self._value = key, value
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+def taken(
+    topic: str,
+    value: bytes | None,
+    *,
+    key: bytes | None = b"k",
+    partition: int = 0,
+    offset: int = 0,
+) -> Taken:
+    return Taken(
+        FakeMessage(topic, partition, offset, key, value), (topic, partition), offset, _Partition()
+    )  # type: ignore[arg-type]
+
+
+@dataclass
+class FakeLoop:
+    finished: list[Taken] = field(default_factory=list)
+    deferred: list[tuple[Taken, float]] = field(default_factory=list)
+
+    def finish(self, record: Taken) -> None:
+        self.finished.append(record)
+
+    def defer(self, record: Taken, until: float) -> None:
+        self.deferred.append((record, until))
+
+
+@dataclass
+class FakeProducer:
+    sent: list[Outgoing] = field(default_factory=list)
+
+    async def send_all_until_acked(
+        self, records: Sequence[Outgoing], stop: asyncio.Event | None = None
+    ) -> None:
+        self.sent.extend(records)
+
+
+@dataclass
+class FakeFollower:
+    table: ConfigTable
+
+
+@dataclass
+class FakeSender:
+    """Answers every attempt with ``answer(destination)``; records what was asked."""
+
+    answer: Callable[[Destination], list[UrlResult]]
+    circuits: Callable[[Destination], list[UrlResult] | None] = lambda destination: None
+    attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
+
+    async def attempt(
+        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+    ) -> list[UrlResult]:
+        self.attempts.append((destination.id, body, message_id, final, time.time()))
+        return self.answer(destination)
+
+    def refused_by_circuits(self, destination: Destination) -> list[UrlResult] | None:
+        return self.circuits(destination)
+
+
+class RegistryDown:
+    """A codec whose Schema Registry does not answer."""
+
+    def decode(self, name: str, data: bytes | None) -> dict[str, Any]:
+        raise SchemaRegistryUnavailable("registry down")
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        raise AssertionError("nothing to encode")

@@ -1,0 +1,201 @@
+"""``DeliveryHandler`` driven without a broker or HTTP: what it produces, sends and finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from pipeline.core.config import ConfigTable, Destination, Source
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.records import Delivery, delivery_to_record
+from pipeline.core.retry_schedule import RetrySchedule
+from pipeline.core.settings import Settings
+from pipeline.core.topics import Topics
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
+from tests.unit.roles._fakes import (
+    FakeFollower,
+    FakeLoop,
+    FakeProducer,
+    FakeSender,
+    RegistryDown,
+    taken,
+)
+
+TOPICS = Topics("t.", retry_tiers=2)
+CODEC = Codec.default()
+SCHEDULE = RetrySchedule(delays=(10.0, 60.0), deadline=1000.0, jitter=0.0)
+URL = "https://a.example/h"
+TABLE = ConfigTable.build(
+    [Source(id="web", write_keys=["wk"])],
+    [
+        Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}]),  # type: ignore[list-item]
+        Destination(id="off", sources=["web"], enabled=False, webhooks=[{"url": URL}]),  # type: ignore[list-item]
+    ],
+)
+OK = UrlResult(URL, 200)
+E503 = UrlResult(URL, 503, Failure.SERVER_ERROR, "503")
+E404 = UrlResult(URL, 404, Failure.CLIENT_ERROR, "404")
+
+
+def delivery(destination: str = "hooks", **changes: Any) -> Delivery:
+    fresh = Delivery("m1", destination, "web", "track", b'{"a":1}', int(time.time() * 1000))
+    return fresh._replace(**changes)
+
+
+def encoded(record: Delivery) -> bytes:
+    return CODEC.encode("Delivery", delivery_to_record(record))
+
+
+def run(
+    records: list[bytes | None], sender: FakeSender, codec: Any = CODEC
+) -> tuple[DeliveryHandler, FakeLoop, FakeProducer, list[Any]]:
+    loop, producer = FakeLoop(), FakeProducer()
+    batch = [
+        taken(TOPICS.deliveries, value, key=b"hooks/u1", partition=2, offset=10 + i)
+        for i, value in enumerate(records)
+    ]
+
+    async def go() -> DeliveryHandler:
+        handler = DeliveryHandler(
+            "deliver",
+            [TOPICS.deliveries],
+            settings=Settings(),
+            topics=TOPICS,
+            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
+            producer=producer,  # type: ignore[arg-type]
+            sender=sender,  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=codec,
+            schedule=SCHEDULE,
+        )
+        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        while handler._tasks:
+            await handler.aclose()
+        return handler
+
+    return asyncio.run(go()), loop, producer, batch
+
+
+def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, dict[str, Any]]]:
+    out = []
+    for topic, key, value in producer.sent:
+        name = "DeadLetter" if topic == TOPICS.dlq else "Delivery"
+        out.append((topic, key, CODEC.decode(name, value)))
+    return out
+
+
+def test_delivered_is_finished_with_nothing_produced() -> None:
+    sender = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([encoded(delivery())], sender)
+    assert [(d, body, mid, final) for d, body, mid, final, _ in sender.attempts] == [
+        ("hooks", b'{"a":1}', "m1", False)
+    ]
+    assert producer.sent == [] and loop.finished == batch
+
+
+def test_retryable_failure_goes_to_the_first_tier_under_the_same_key() -> None:
+    before = int(time.time() * 1000)
+    _, loop, producer, batch = run([encoded(delivery())], FakeSender(lambda d: [E503]))
+    [(topic, key, record)] = sent(producer)
+    assert (topic, key, record["tier"]) == (TOPICS.retry[0], b"hooks/u1", 0)
+    assert record["firstAttemptAt"] >= before
+    assert record["deadline"] == record["firstAttemptAt"] + 1_000_000
+    assert record["notBefore"] >= record["firstAttemptAt"] + 10_000
+    assert [(a["url"], a["status"], a["error"]) for a in record["attempts"]] == [
+        (URL, 503, "server_error: 503")
+    ]
+    assert loop.finished == batch
+
+
+def test_permanent_failure_is_dead_lettered_with_where_it_came_from() -> None:
+    _, loop, producer, batch = run([encoded(delivery())], FakeSender(lambda d: [E404]))
+    [(topic, key, letter)] = sent(producer)
+    assert (topic, key, letter["reason"]) == (TOPICS.dlq, b"hooks", "client_error")
+    where = (letter["sourceTopic"], letter["sourcePartition"], letter["sourceOffset"])
+    assert where == (TOPICS.deliveries, 2, 10)
+    assert letter["delivery"]["messageId"] == "m1" and len(letter["delivery"]["attempts"]) == 1
+    assert letter["raw"] is None and loop.finished == batch
+
+
+@pytest.mark.parametrize(
+    ("destination", "reason"), [("gone", "destination_deleted"), ("off", "destination_disabled")]
+)
+def test_destination_gone_or_off_is_dead_lettered_without_a_request(
+    destination: str, reason: str
+) -> None:
+    sender = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([encoded(delivery(destination))], sender)
+    [(topic, key, letter)] = sent(producer)
+    assert (topic, key, letter["reason"]) == (TOPICS.dlq, destination.encode(), reason)
+    assert sender.attempts == [] and loop.finished == batch
+
+
+def test_past_the_deadline_is_dead_lettered_without_a_request() -> None:
+    long_ago = int(time.time() * 1000) - 2_000_000
+    record = delivery(first_attempt_at=long_ago, deadline=long_ago + 1_000_000, tier=1)
+    sender = FakeSender(lambda d: [OK])
+    _, _, producer, _ = run([encoded(record)], sender)
+    [(_, _, letter)] = sent(producer)
+    assert letter["reason"] == "deadline_exceeded" and sender.attempts == []
+
+
+def test_every_circuit_open_goes_to_the_next_tier_without_a_request() -> None:
+    sender = FakeSender(
+        lambda d: [OK], circuits=lambda d: [UrlResult(URL, failure=Failure.CIRCUIT_OPEN)]
+    )
+    _, loop, producer, batch = run([encoded(delivery())], sender)
+    [(topic, _, record)] = sent(producer)
+    assert topic == TOPICS.retry[0] and record["attempts"][0]["error"] == "circuit_open"
+    assert sender.attempts == [] and loop.finished == batch
+
+
+def test_undecodable_is_dead_lettered_raw() -> None:
+    _, loop, producer, batch = run([b"\x00garbage"], FakeSender(lambda d: [OK]))
+    [(topic, key, letter)] = sent(producer)
+    assert (topic, key, letter["reason"], letter["raw"]) == (
+        TOPICS.dlq,
+        None,
+        "undecodable",
+        b"\x00garbage",
+    )
+    assert letter["delivery"] is None and loop.finished == batch
+
+
+def test_a_bug_dead_letters_the_record_as_internal_error() -> None:
+    def broken(destination: Destination) -> list[UrlResult]:
+        raise RuntimeError("boom")
+
+    _, loop, producer, batch = run([encoded(delivery())], FakeSender(broken))
+    [(_, _, letter)] = sent(producer)
+    assert (letter["reason"], letter["detail"]) == ("internal_error", "RuntimeError: boom")
+    assert letter["delivery"]["firstAttemptAt"] is not None and loop.finished == batch
+
+
+def test_due_later_pauses_the_partition_until_shortly_before() -> None:
+    due = time.time() + 60
+    sender = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([encoded(delivery(not_before=int(due * 1000)))], sender)
+    [(record, until)] = loop.deferred
+    assert record is batch[0] and until == pytest.approx(due - HOLD_SECONDS, abs=0.002)
+    assert loop.finished == [] and sender.attempts == [] and producer.sent == []
+
+
+def test_due_soon_is_held_and_attempted_at_its_not_before_never_early() -> None:
+    due_ms = int((time.time() + 0.2) * 1000)
+    sender = FakeSender(lambda d: [OK])
+    _, loop, _, batch = run([encoded(delivery(not_before=due_ms))], sender)
+    [(_, _, _, _, at)] = sender.attempts
+    assert at >= due_ms / 1000 and loop.finished == batch
+
+
+def test_registry_down_stops_the_worker_and_finishes_nothing() -> None:
+    handler, loop, producer, _ = run(
+        [encoded(delivery())], FakeSender(lambda d: [OK]), codec=RegistryDown()
+    )
+    assert isinstance(handler.fatal, SchemaRegistryUnavailable) and handler._stop.is_set()
+    assert loop.finished == [] and producer.sent == []
