@@ -47,9 +47,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         summary = replay_dead_letters(settings, selection, dry_run=args.dry_run)
         verb = "would replay" if args.dry_run else "replayed"
         for entry in summary.replayed:
-            delivery = entry.letter["delivery"]
+            letter = entry.dead_letter
+            assert letter.delivery is not None  # only replayable letters are replayed
             print(
-                f"{verb} {delivery['destinationId']} {delivery['messageId']} ({entry.letter['reason']})"
+                f"{verb} {letter.delivery.destination_id} {letter.delivery.message_id} "
+                f"({letter.reason})"
             )
         print(
             f"{verb} {len(summary.replayed)}; skipped {summary.already_replayed} already replayed, "
@@ -58,34 +60,35 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     entries = list_dead_letters(settings, selection)
     if args.json:
-        for entry in entries:
-            letter = dict(entry.letter)
-            delivery = letter.get("delivery")
-            if delivery is not None:
-                delivery = dict(delivery, body=delivery["body"].decode("utf-8", "replace"))
-            letter["delivery"] = delivery
-            letter["raw"] = None if letter["raw"] is None else letter["raw"].hex()
-            letter["replayedAt"] = entry.replayed_at
-            print(orjson.dumps(letter).decode())
+        for entry in entries:  # the record's own (camelCase) fields, bytes made printable
+            record = dict(entry.letter)
+            shown = record.get("delivery")
+            if shown is not None:
+                shown = dict(shown, body=shown["body"].decode("utf-8", "replace"))
+            record["delivery"] = shown
+            record["raw"] = None if record["raw"] is None else record["raw"].hex()
+            record["replayedAt"] = entry.replayed_at
+            print(orjson.dumps(record).decode())
         return 0
     print(
         f"{'DEAD-LETTERED (UTC)':<20} {'REASON':<20} {'DESTINATION':<16} {'MESSAGE ID':<38} "
         f"{'TRIES':<5} {'REPLAYED':<8} LAST ERROR"
     )
     for entry in entries:
-        letter = entry.letter
-        delivery = letter["delivery"] or {}
-        attempts = delivery.get("attempts") or []
+        letter = entry.dead_letter
+        delivery = letter.delivery
+        attempts = delivery.attempts if delivery is not None else ()
         last = attempts[-1] if attempts else None
         error = (
             "-"
             if last is None
-            else (f"HTTP {last['status']}" if last["status"] is not None else str(last["error"]))
+            else (f"HTTP {last.status}" if last.status is not None else str(last.error))
         )
-        tries = len({a["at"] for a in attempts})
+        tries = len({attempt.at for attempt in attempts})
         print(
-            f"{describe_time(letter['deadLetteredAt']):<20} {letter['reason']:<20} "
-            f"{delivery.get('destinationId', '-'):<16} {delivery.get('messageId', '-'):<38} "
+            f"{describe_time(letter.dead_lettered_at):<20} {letter.reason:<20} "
+            f"{delivery.destination_id if delivery else '-':<16} "
+            f"{delivery.message_id if delivery else '-':<38} "
             f"{tries:<5} {'yes' if entry.replayed_at else 'no':<8} {error[:60]}"
         )
     print(f"{len(entries)} dead letters")

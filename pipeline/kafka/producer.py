@@ -216,9 +216,9 @@ class AckedProducer:
             )
 
     @contextlib.contextmanager
-    def transaction(self, timeout: float = 30.0) -> Iterator[None]:
-        """Everything produced inside is committed together, or aborted (and
-        ``BrokerUnavailable`` raised) if anything fails."""
+    def transaction(self, timeout: float = 30.0, *, what: str = "transaction") -> Iterator[None]:
+        """Everything produced inside is committed together, or aborted, and ``BrokerUnavailable``
+        raised (``"<what> aborted, nothing was written: ..."``), if anything fails."""
         try:
             if not self._transactions_ready:
                 self._producer.init_transactions(timeout)
@@ -229,9 +229,7 @@ class AckedProducer:
         except Exception as exc:
             with contextlib.suppress(Exception):  # the original error is the one to report
                 self._producer.abort_transaction(5)
-            if isinstance(exc, BrokerUnavailable):
-                raise
-            raise BrokerUnavailable(f"transaction aborted, nothing was written: {exc}") from None
+            raise BrokerUnavailable(f"{what} aborted, nothing was written: {exc}") from None
 
     def close(self, timeout: float = 10.0) -> None:
         self._producer.flush(timeout)
