@@ -9,6 +9,10 @@ the loop ends (``async with AsyncClient(...) as client:``): an ended loop cannot
     async with AsyncClient("wk_live_1") as client:
         client.track(user_id="u1", event="Signed Up")
         await client.flush(timeout=5)
+
+What to do when is decided by ``DeliveryQueue`` (``_queue.py``), the same as ``Client``'s; this
+module only waits: ``_wake`` wakes the delivery task (new calls, a flush, close), ``_progress``
+wakes ``flush()`` (calls finished).
 """
 
 from __future__ import annotations
@@ -16,24 +20,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from . import _metrics as client_metrics
+from ._base import ClientBase
 from ._batches import split_batches
-from ._errors import ClientClosed, DeliveryError, QueueFull
-from ._log import DropWarnings, debug_requested, enable_debug_logging, log
-from ._messages import UNRESOLVED_SOURCE, Queued, prepare
-from ._methods import CallMethods, OnError
+from ._log import log
+from ._messages import Queued, prepare
+from ._methods import OnError
 from ._options import DEFAULT_ENDPOINT, DEFAULT_FLUSH_AT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
-from ._transports import AsyncHttpTransport, AsyncKafkaTransport, AsyncTransport
+from ._queue import Admission, DeliveryQueue, FlushMark, GiveUp, Sending, Wait, as_delivery_error
+from ._transports import AsyncHttpTransport, AsyncTransport
 
 __all__ = ["AsyncClient"]
 
+_QUEUED = Admission.QUEUED
+_WAKE = Admission.WAKE
+#: How long ``close()`` waits for the delivery task to stop after the flush.
+_STOP_WAIT = 5.0
 
-class AsyncClient(CallMethods):
+
+class AsyncClient(ClientBase):
     """``Client`` for asyncio: same arguments, same counters, ``await flush()``/``close()``."""
 
     def __init__(
@@ -57,7 +65,7 @@ class AsyncClient(CallMethods):
         debug: bool | None = None,
         transport: AsyncTransport | None = None,
     ) -> None:
-        self.options = ClientOptions.build(
+        options = ClientOptions.build(
             write_key,
             size=size,
             endpoint=endpoint,
@@ -73,45 +81,16 @@ class AsyncClient(CallMethods):
             kafka_config=dict(kafka_config or {}),
             schema_registry_url=schema_registry_url,
         )
-        self.on_error = on_error
-        if debug or (debug is None and debug_requested()):
-            enable_debug_logging()
-        self._source_id = source_id or UNRESOLVED_SOURCE
-        self._keep_call = self.options.transport == "kafka"  # the HTTP transport sends bytes
+        self._setup(options, on_error, debug)
         self._own_transport = transport is None
         self._transport: AsyncTransport | None = transport
-        if transport is None and self.options.transport == "kafka":
+        if transport is None and options.transport == "kafka":
             self._transport = self._make_transport()  # connects while the first calls queue
-        self._queue: deque[Queued] = deque()
-        self._accepted = 0
-        self._finished = 0
+        self._queue = DeliveryQueue(options)
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
-        self._flush_requested = False
-        self._stopping = False
-        self._abandon = False
-        self._closed = False
-        self._drop_warnings = DropWarnings()
-        self._last_flush = time.monotonic()
-        self._oldest: float | None = None
         self._task: asyncio.Task[None] | None = None
-        self.sent = 0
-        self.dropped = 0
         client_metrics.register(self)
-        self.failed = 0
-        self.batches = 0
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    @property
-    def flush_at(self) -> int:
-        return self.options.flush_at
-
-    @property
-    def flush_after(self) -> float:
-        return self.options.flush_after
 
     def _enqueue(self, message: dict[str, Any], now: int) -> None:
         try:
@@ -124,27 +103,15 @@ class AsyncClient(CallMethods):
         item = prepare(
             message, event_time=now, source_id=self._source_id, keep_call=self._keep_call
         )
-        if self._closed or len(self._queue) >= self.options.max_queue_size:
-            self.dropped += 1
-            client_metrics.DROPPED.labels("closed" if self._closed else "queue_full").inc()
-            error: Exception = (
-                ClientClosed("the client is closed; the call was dropped")
-                if self._closed
-                else QueueFull(self.options.max_queue_size)
-            )
-            self._drop_warnings.dropped(error)
-            self._report(error, [item])
-            return
-        self._queue.append(item)
-        self._accepted += 1
-        waiting = len(self._queue)
-        if waiting == 1:
-            self._oldest = time.monotonic()
-        if waiting == 1 or waiting == self.options.flush_at:
+        admission = self._queue.put(item)
+        if admission is _WAKE:
             self._ensure_task()
             self._wake.set()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("queued %s %s (%d waiting)", message["type"], message["messageId"], waiting)
+        if admission is _WAKE or admission is _QUEUED:
+            if log.isEnabledFor(logging.DEBUG):
+                self._log_queued(message)
+        else:
+            self._refused(admission, item)
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():
@@ -155,106 +122,67 @@ class AsyncClient(CallMethods):
             items = await self._next_batch()
             if items is None:
                 return
+            client_metrics.expose_if_imported()
             if self._transport is None:
                 self._transport = self._make_transport()
             for batch in split_batches(items):
                 await self._send_with_retries(self._transport, batch)
 
     async def _next_batch(self) -> list[Queued] | None:
-        options = self.options
         while True:
-            if self._abandon:
-                return None
             self._wake.clear()
-            waiting = len(self._queue)
-            if not waiting:
-                self._flush_requested = False
-                if self._stopping:
-                    return None
-                await self._wake.wait()
-                continue
-            now = time.monotonic()
-            due = max(self._last_flush, self._oldest or now) + options.flush_after
-            if waiting >= options.flush_at or self._flush_requested or self._stopping or now >= due:
-                items = list(self._queue)
-                self._queue.clear()
-                self._flush_requested = False
-                self._last_flush = now
-                self._oldest = None
-                return items
+            step = self._queue.next_batch()
+            if not isinstance(step, Wait):
+                return step
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), due - now)
+                await asyncio.wait_for(self._wake.wait(), step.seconds)
 
     def _make_transport(self) -> AsyncTransport:
         o = self.options
         if o.transport == "kafka":
-            assert o.bootstrap_servers is not None and o.source_id is not None
-            return AsyncKafkaTransport(
-                o.bootstrap_servers,
-                o.source_id,
-                topic_prefix=o.topic_prefix,
-                timeout=o.timeout,
-                config=o.kafka_config,
-                schema_registry_url=o.schema_registry_url,
-            )
+            from ._kafka import AsyncKafkaTransport  # only now: it loads confluent-kafka
+
+            args, kwargs = self._kafka_args()
+            return AsyncKafkaTransport(*args, **kwargs)
         return AsyncHttpTransport(o.write_key, o.endpoint, gzip=o.gzip, timeout=o.timeout)
 
     async def _send_with_retries(self, transport: AsyncTransport, batch: list[Queued]) -> None:
-        pending: Sequence[Queued] = batch
-        attempt = 0
+        queue = self._queue
+        sending = Sending(batch)
         while True:
-            if self._abandon:
-                self._finish(pending, failed=ClientClosed("closed before these calls were sent"))
+            gave_up = queue.before_try(sending)
+            if gave_up is not None:
+                self._finished(gave_up)
                 return
             try:
-                await transport.send(pending)
-            except DeliveryError as exc:
-                error = exc
+                await transport.send(sending.pending)
             except Exception as exc:
-                log.exception("sending a batch failed")
-                error = DeliveryError(f"{type(exc).__name__}: {exc}", retryable=True)
+                error = as_delivery_error(exc)
             else:
-                log.debug("delivered %d calls", len(pending))
-                self._finish(pending, batch=True)
+                queue.delivered(sending)
+                self._progress.set()
                 return
-            if error.pending is not None:
-                left = {id(item) for item in error.pending}
-                self._finish([item for item in pending if id(item) not in left])
-                pending = list(error.pending)
-            if not error.retryable or attempt >= self.options.max_retries:
-                log.error(
-                    "giving up on %d calls after %d tries: %s", len(pending), attempt + 1, error
-                )
-                self._finish(pending, failed=error)
+            step = queue.refused(sending, error)
+            self._progress.set()
+            if isinstance(step, GiveUp):
+                self._gave_up(step)
                 return
-            delay = self.options.backoff.delay(attempt, error.retry_after)
-            attempt += 1
-            log.debug("retry %d of %d calls in %.2f s: %s", attempt, len(pending), delay, error)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._abandoned(), delay)
+                await asyncio.wait_for(self._abandoned(), step.delay)
 
     async def _abandoned(self) -> None:
-        while not self._abandon:
+        while not self._queue.abandoned:
             await self._wake.wait()
             self._wake.clear()
 
-    def _finish(
-        self, items: Sequence[Queued], *, failed: Exception | None = None, batch: bool = False
-    ) -> None:
-        self._finished += len(items)
-        if failed is None:
-            self.sent += len(items)
-            self.batches += batch
-        else:
-            self.failed += len(items)
-            client_metrics.FAILED.inc(len(items))
-            if items:
-                self._report(failed, items)
+    def _finished(self, gave_up: GiveUp | None) -> None:
+        """Wake ``flush()``, then report what was given up."""
         self._progress.set()
+        self._gave_up(gave_up)
 
-    async def _wait_finished(self, target: int) -> None:
-        while self._finished < target:
+    async def _wait_flushed(self, mark: FlushMark) -> None:
+        while not self._queue.flushed(mark):
             self._progress.clear()
             if self._task is None or self._task.done():
                 self._ensure_task()
@@ -262,37 +190,34 @@ class AsyncClient(CallMethods):
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Deliver everything queued so far; ``True`` if all was delivered within ``timeout``."""
-        target = self._accepted
-        failed_before = self.failed
-        if self._finished < target:
-            self._flush_requested = True
+        queue = self._queue
+        mark = queue.request_flush()
+        if not queue.flushed(mark):
             self._ensure_task()
             self._wake.set()
             try:
-                await asyncio.wait_for(self._wait_finished(target), timeout)
+                await asyncio.wait_for(self._wait_flushed(mark), timeout)
             except TimeoutError:
+                log.debug("flush timed out with %d calls unfinished", queue.unfinished(mark))
                 return False
-        return self.failed == failed_before
+        return queue.all_delivered(mark)
 
     async def close(self, timeout: float | None = None) -> bool:
         """Deliver everything queued (within ``timeout``), then stop; later calls are dropped."""
-        if self._closed and self._task is None:
-            return not self._queue
-        self._closed = True
+        queue = self._queue
+        if queue.closed and self._task is None:
+            return not len(queue)
+        queue.closed = True
         ok = await self.flush(timeout)
-        self._stopping = True
-        self._abandon = not ok
+        queue.stop(abandon=not ok)
         self._wake.set()
         task, self._task = self._task, None
         if task is not None:
             try:
-                await asyncio.wait_for(task, 5.0)
+                await asyncio.wait_for(task, _STOP_WAIT)
             except TimeoutError:
                 log.warning("the delivery task did not stop in time")
-        leftover = list(self._queue)
-        self._queue.clear()
-        if leftover:
-            self._finish(leftover, failed=ClientClosed(f"closed with {len(leftover)} calls queued"))
+        self._finished(queue.drain())
         if self._transport is not None and self._own_transport:
             await self._transport.aclose()
             self._transport = None

@@ -17,6 +17,9 @@ Why it is shaped like this (what users of other analytics libraries run into, fi
   TLS socket would send a close_notify on the parent's connection.
 - Retries happen in the worker with jittered exponential backoff (``Retry-After`` wins); a closing
   client stops retrying when its ``close`` timeout runs out and reports what is left.
+- What to do when is decided by ``DeliveryQueue`` (``_queue.py``), shared with ``AsyncClient``;
+  this module only waits: every queue method is called under the lock, and the condition wakes
+  the worker (new calls, a flush, close) and the flushing callers (progress).
 """
 
 from __future__ import annotations
@@ -26,26 +29,29 @@ import ctypes
 import logging
 import os
 import threading
-import time
 import weakref
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core.deadline import Deadline
+
 from . import _metrics as client_metrics
+from ._base import ClientBase
 from ._batches import split_batches
-from ._errors import ClientClosed, DeliveryError, QueueFull
-from ._log import DropWarnings, debug_requested, enable_debug_logging, log
-from ._messages import UNRESOLVED_SOURCE, Queued, prepare
-from ._methods import CallMethods, OnError
+from ._log import log
+from ._messages import Queued, prepare
+from ._methods import OnError
 from ._options import DEFAULT_ENDPOINT, DEFAULT_FLUSH_AT, DEFAULT_MAX_QUEUE_SIZE, ClientOptions
-from ._transports import HttpTransport, KafkaTransport, Transport
+from ._queue import Admission, DeliveryQueue, GiveUp, Sending, Wait, as_delivery_error
+from ._transports import HttpTransport, Transport
 
 __all__ = ["Client", "OnError"]
 
-#: ``on_error(error, messages)``: called from the worker thread.
-
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+_QUEUED = Admission.QUEUED
+_WAKE = Admission.WAKE
+#: How long ``close()`` without a timeout waits for the worker to stop after the flush.
+_STOP_WAIT = 5.0
 
 
 def _leak(obj: object) -> None:
@@ -72,7 +78,7 @@ if hasattr(os, "register_at_fork"):  # every POSIX system; Windows has no fork
 atexit.register(_close_all_at_exit)
 
 
-class Client(CallMethods):
+class Client(ClientBase):
     """The analytics client (seed §2.4, §4.3).
 
         client = Client("wk_live_1")                     # HTTP to pipeline ingest
@@ -111,7 +117,7 @@ class Client(CallMethods):
         debug: bool | None = None,
         transport: Transport | None = None,
     ) -> None:
-        self.options = ClientOptions.build(
+        options = ClientOptions.build(
             write_key,
             size=size,
             endpoint=endpoint,
@@ -128,73 +134,34 @@ class Client(CallMethods):
             schema_registry_url=schema_registry_url,
             exit_timeout=exit_timeout,
         )
-        self.on_error = on_error
-        if debug or (debug is None and debug_requested()):
-            enable_debug_logging()
+        self._setup(options, on_error, debug)
         self._given_transport = transport
-        self._source_id = source_id or UNRESOLVED_SOURCE
-        self._keep_call = self.options.transport == "kafka"  # the HTTP transport sends bytes
-        self._closed = False
-        self._drop_warnings = DropWarnings()
-        self._init_state()
-        if self._transport is None and self.options.transport == "kafka":
+        self._init_state(closed=False)
+        if self._transport is None and options.transport == "kafka":
             self._transport = self._make_transport()  # connects while the first calls queue
         _LIVE.add(self)
         log.debug(
             "client for %s: flush_at=%d flush_after=%gs max_queue_size=%d",
             self._where(),
-            self.options.flush_at,
-            self.options.flush_after,
-            self.options.max_queue_size,
+            options.flush_at,
+            options.flush_after,
+            options.max_queue_size,
         )
 
     # ---- state -----------------------------------------------------------------------------------
 
-    def _init_state(self) -> None:
+    def _init_state(self, *, closed: bool) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[Queued] = deque()
-        self._accepted = 0  # calls ever queued
-        self._finished = 0  # calls delivered or given up, in queue order
-        self._flush_requested = False
-        self._stopping = False  # deliver what is queued, then stop
-        self._abandon = False  # stop now (close timed out)
-        self._last_flush = time.monotonic()
-        self._oldest: float | None = None  # when the queue last became non-empty
+        self._queue = DeliveryQueue(self.options)
+        self._queue.closed = closed
         self._worker: threading.Thread | None = None
         self._transport = self._given_transport
-        self.sent = 0
-        self.dropped = 0
         client_metrics.register(self)
-        self.failed = 0
-        self.batches = 0
 
     def _reset_after_fork(self) -> None:
         if self._transport is not self._given_transport:
             _leak(self._transport)
-        self._init_state()
-
-    def _where(self) -> str:
-        o = self.options
-        if o.transport == "kafka":
-            return f"kafka {o.bootstrap_servers} (source {o.source_id})"
-        return o.endpoint
-
-    @property
-    def flush_at(self) -> int:
-        return self.options.flush_at
-
-    @property
-    def size(self) -> int:
-        """The same setting as ``flush_at`` (the seed names both)."""
-        return self.options.flush_at
-
-    @property
-    def flush_after(self) -> float:
-        return self.options.flush_after
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
+        self._init_state(closed=self._queue.closed)
 
     # ---- the calls (identify, track, ... come from CallMethods) ---------------------------------
 
@@ -202,36 +169,17 @@ class Client(CallMethods):
         item = prepare(
             message, event_time=now, source_id=self._source_id, keep_call=self._keep_call
         )
-        refused: Exception | None = None
         cond = self._cond
         with cond:
-            if self._closed:
-                refused = ClientClosed("the client is closed; the call was dropped")
-            elif len(self._queue) >= self.options.max_queue_size:
-                refused = QueueFull(self.options.max_queue_size)
-            else:
-                queue = self._queue
-                queue.append(item)
-                self._accepted += 1
-                waiting = len(queue)
-                if waiting == 1:
-                    self._oldest = time.monotonic()
-                if waiting == 1 or waiting == self.options.flush_at:
-                    self._start_worker()
-                    cond.notify()
-            if refused is not None:
-                self.dropped += 1
-                client_metrics.DROPPED.labels(
-                    "closed" if isinstance(refused, ClientClosed) else "queue_full"
-                ).inc()
-        if refused is None:
+            admission = self._queue.put(item)
+            if admission is _WAKE:
+                self._start_worker()
+                cond.notify()
+        if admission is _WAKE or admission is _QUEUED:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "queued %s %s (%d waiting)", message["type"], message["messageId"], waiting
-                )
-            return
-        self._drop_warnings.dropped(refused)
-        self._report(refused, [item])
+                self._log_queued(message)
+        else:
+            self._refused(admission, item)
 
     # ---- the worker ------------------------------------------------------------------------------
 
@@ -247,41 +195,24 @@ class Client(CallMethods):
             items = self._next_batch()
             if items is None:
                 return
+            client_metrics.expose_if_imported()
             try:
                 self._deliver(items)
             except Exception as exc:  # pragma: no cover - a bug; never lose the count
                 log.exception("delivering a batch failed")
-                self._finish(items, failed=exc)
+                with self._cond:
+                    gave_up = self._queue.give_up(items, exc)
+                    self._cond.notify_all()
+                self._gave_up(gave_up)
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for a reason to flush, then take everything queued; ``None``: stop."""
-        options = self.options
         with self._cond:
             while True:
-                if self._abandon:
-                    return None
-                waiting = len(self._queue)
-                if not waiting:
-                    self._flush_requested = False
-                    if self._stopping:
-                        return None
-                    self._cond.wait()
-                    continue
-                now = time.monotonic()
-                due = max(self._last_flush, self._oldest or now) + options.flush_after
-                if (
-                    waiting >= options.flush_at
-                    or self._flush_requested
-                    or self._stopping
-                    or now >= due
-                ):
-                    items = list(self._queue)
-                    self._queue.clear()
-                    self._flush_requested = False
-                    self._last_flush = now
-                    self._oldest = None
-                    return items
-                self._cond.wait(due - now)
+                step = self._queue.next_batch()
+                if not isinstance(step, Wait):
+                    return step
+                self._cond.wait(step.seconds)
 
     def _deliver(self, items: list[Queued]) -> None:
         if self._transport is None:
@@ -292,70 +223,40 @@ class Client(CallMethods):
     def _make_transport(self) -> Transport:
         o = self.options
         if o.transport == "kafka":
-            assert o.bootstrap_servers is not None and o.source_id is not None
-            return KafkaTransport(
-                o.bootstrap_servers,
-                o.source_id,
-                topic_prefix=o.topic_prefix,
-                timeout=o.timeout,
-                config=o.kafka_config,
-                schema_registry_url=o.schema_registry_url,
-            )
+            from ._kafka import KafkaTransport  # only now: it loads confluent-kafka
+
+            args, kwargs = self._kafka_args()
+            return KafkaTransport(*args, **kwargs)
         return HttpTransport(o.write_key, o.endpoint, gzip=o.gzip, timeout=o.timeout)
 
     def _send_with_retries(self, transport: Transport, batch: list[Queued]) -> None:
-        pending: Sequence[Queued] = batch
-        attempt = 0
+        queue, cond = self._queue, self._cond
+        sending = Sending(batch)
         while True:
-            if self._abandon:
-                self._finish(pending, failed=ClientClosed("closed before these calls were sent"))
+            with cond:
+                gave_up = queue.before_try(sending)
+                if gave_up is not None:
+                    cond.notify_all()
+            if gave_up is not None:
+                self._gave_up(gave_up)
                 return
-            started = time.monotonic()
             try:
-                transport.send(pending)
-            except DeliveryError as exc:
-                error = exc
-            except Exception as exc:  # an unexpected transport failure: retry it like a network one
-                log.exception("sending a batch failed")
-                error = DeliveryError(f"{type(exc).__name__}: {exc}", retryable=True)
+                transport.send(sending.pending)
+            except Exception as exc:
+                error = as_delivery_error(exc)
             else:
-                log.debug(
-                    "delivered %d calls in %.0f ms",
-                    len(pending),
-                    (time.monotonic() - started) * 1000,
-                )
-                self._finish(pending, batch=True)
+                with cond:
+                    queue.delivered(sending)
+                    cond.notify_all()
                 return
-            if error.pending is not None:  # delivered in part: only the rest is left
-                left = {id(item) for item in error.pending}
-                self._finish([item for item in pending if id(item) not in left])
-                pending = list(error.pending)
-            if not error.retryable or attempt >= self.options.max_retries:
-                log.error(
-                    "giving up on %d calls after %d tries: %s", len(pending), attempt + 1, error
-                )
-                self._finish(pending, failed=error)
+            with cond:
+                step = queue.refused(sending, error)
+                cond.notify_all()
+            if isinstance(step, GiveUp):
+                self._gave_up(step)
                 return
-            delay = self.options.backoff.delay(attempt, error.retry_after)
-            attempt += 1
-            log.debug("retry %d of %d calls in %.2f s: %s", attempt, len(pending), delay, error)
-            with self._cond:
-                self._cond.wait_for(lambda: self._abandon, delay)  # close() may cut it short
-
-    def _finish(
-        self, items: Sequence[Queued], *, failed: Exception | None = None, batch: bool = False
-    ) -> None:
-        with self._cond:
-            self._finished += len(items)
-            if failed is None:
-                self.sent += len(items)
-                self.batches += batch
-            else:
-                self.failed += len(items)
-                client_metrics.FAILED.inc(len(items))
-            self._cond.notify_all()
-        if failed is not None and items:
-            self._report(failed, items)
+            with cond:
+                cond.wait_for(lambda: queue.abandoned, step.delay)  # close() may cut it short
 
     # ---- flush and close -------------------------------------------------------------------------
 
@@ -364,17 +265,16 @@ class Client(CallMethods):
         ``timeout`` seconds (``None``: no limit), ``False`` if time ran out or calls failed."""
         if threading.current_thread() is self._worker:
             raise RuntimeError("flush() cannot be called from on_error (the worker thread)")
+        queue = self._queue
         with self._cond:
-            target = self._accepted
-            failed_before = self.failed
-            if self._finished < target:
-                self._flush_requested = True
+            mark = queue.request_flush()
+            if not queue.flushed(mark):
                 self._start_worker()
                 self._cond.notify_all()
-                if not self._cond.wait_for(lambda: self._finished >= target, timeout):
-                    log.debug("flush timed out with %d calls unfinished", target - self._finished)
+                if not self._cond.wait_for(lambda: queue.flushed(mark), timeout):
+                    log.debug("flush timed out with %d calls unfinished", queue.unfinished(mark))
                     return False
-            return self.failed == failed_before
+            return queue.all_delivered(mark)
 
     def close(self, timeout: float | None = None) -> bool:
         """Deliver everything queued (within ``timeout``), then stop; later calls are dropped.
@@ -382,27 +282,25 @@ class Client(CallMethods):
         Returns what ``flush`` returns. Calls still undelivered when time runs out are reported
         to ``on_error`` as ``ClientClosed`` and counted in ``failed``.
         """
+        queue = self._queue
         with self._cond:
-            if self._closed and self._worker is None:
-                return not self._queue
-            self._closed = True
-        deadline = None if timeout is None else time.monotonic() + timeout
+            if queue.closed and self._worker is None:
+                return not len(queue)
+            queue.closed = True
+        deadline = Deadline.after(timeout)
         ok = self.flush(timeout)
         with self._cond:
-            self._stopping = True
-            self._abandon = not ok
+            queue.stop(abandon=not ok)
             self._cond.notify_all()
             worker = self._worker
         if worker is not None and worker is not threading.current_thread():
-            left = 5.0 if deadline is None else max(0.1, deadline - time.monotonic())
-            worker.join(left)
+            worker.join(_STOP_WAIT if timeout is None else max(0.1, deadline.remaining()))
         with self._cond:
-            leftover = list(self._queue)
-            self._queue.clear()
+            leftover = queue.drain()
             stuck = worker is not None and worker.is_alive()
             self._worker = None
-        if leftover:
-            self._finish(leftover, failed=ClientClosed(f"closed with {len(leftover)} calls queued"))
+            self._cond.notify_all()
+        self._gave_up(leftover)
         if (
             self._transport is not None
             and not stuck

@@ -1,9 +1,11 @@
-"""The client library, for real: one contract, run against both transports.
+"""The client library, for real: one contract, run against both clients over both transports.
 
 ``ClientContract`` holds every test; ``TestHttpTransport`` runs it through the ingestion API
 (in-process, on 127.0.0.1) and ``TestKafkaTransport`` straight to the broker. Both end at the
-calls topic, which is where the tests look. Tests share one topic prefix per module and keep
-apart by tagging their user ids.
+calls topic, which is where the tests look. Every test that makes its client with ``new_client``
+or ``make_client`` runs twice, as ``[Client]`` and ``[AsyncClient]`` (the latter on an event loop
+of its own, through ``LoopClient``); the fork and interpreter-exit tests are ``Client``'s alone.
+Tests share one topic prefix per module and keep apart by tagging their user ids.
 """
 
 from __future__ import annotations
@@ -40,7 +42,59 @@ from tests.support import ROOT, SOURCE_ID, WRITE_KEY, IngestThread, wait_for
 
 # Fixtures shared with test_ingest.py: one topic prefix, config and ingest server per module.
 
-MakeClient = Callable[..., Client]
+MakeClient = Callable[..., Any]  # a Client, or a LoopClient over an AsyncClient
+
+#: The call methods a LoopClient runs on its loop.
+CALL_METHODS = frozenset({"identify", "track", "page", "screen", "group", "alias"})
+
+
+class LoopClient:
+    """An ``AsyncClient`` driven from synchronous test code, so the contract runs unchanged: it
+    lives on an event loop of its own in a thread, and every call, flush and close runs on that
+    loop (an ``AsyncClient`` is used from its loop only); everything else is read through."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def make() -> AsyncClient:
+            return AsyncClient(**kwargs)
+
+        self._client = self._run(make())
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._client, name)
+        if name not in CALL_METHODS:
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            async def on_loop() -> None:
+                value(*args, **kwargs)
+
+            self._run(on_loop())
+
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._client, name, value)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return bool(self._run(self._client.flush(timeout)))
+
+    def close(self, timeout: float | None = None) -> bool:
+        return bool(self._run(self._client.close(timeout)))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
 
 
 def test_public_names():
@@ -65,12 +119,29 @@ class ClientContract:
     """What every transport must do. Subclasses provide ``transport_kwargs`` and
     ``unreachable_kwargs`` fixtures (a transport whose every send fails, retryably)."""
 
-    @pytest.fixture
-    def make_client(self, transport_kwargs: dict[str, Any]) -> Iterator[MakeClient]:
-        clients: list[Client] = []
+    @pytest.fixture(params=["Client", "AsyncClient"])
+    def new_client(self, request: pytest.FixtureRequest) -> Iterator[MakeClient]:
+        """Makes the client under test (the caller closes it)."""
+        loops: list[LoopClient] = []
 
-        def make(**kwargs: Any) -> Client:
-            client = Client(**{**transport_kwargs, **kwargs})
+        def new(**kwargs: Any) -> Any:
+            if request.param == "Client":
+                return Client(**kwargs)
+            loops.append(LoopClient(**kwargs))
+            return loops[-1]
+
+        yield new
+        for loop in loops:
+            loop.stop()
+
+    @pytest.fixture
+    def make_client(
+        self, new_client: MakeClient, transport_kwargs: dict[str, Any]
+    ) -> Iterator[MakeClient]:
+        clients: list[Any] = []
+
+        def make(**kwargs: Any) -> Any:
+            client = new_client(**{**transport_kwargs, **kwargs})
             clients.append(client)
             return client
 
@@ -233,9 +304,11 @@ class ClientContract:
         events = sorted(r["event"] for r in tagged_calls.settle(0.5))
         assert events == ["After Fork", "Before Fork", "In Child", "Warm Up"]  # each once
 
-    def test_a_full_queue_drops_counts_and_reports_and_never_blocks(self, unreachable_kwargs, tag):
+    def test_a_full_queue_drops_counts_and_reports_and_never_blocks(
+        self, new_client, unreachable_kwargs, tag
+    ):
         errors: list[tuple[Exception, list[dict[str, Any]]]] = []
-        client = Client(
+        client = new_client(
             **unreachable_kwargs,
             flush_at=1,
             max_queue_size=5,
@@ -369,10 +442,10 @@ class TestHttpTransport(ClientContract):
     def unreachable_kwargs(self) -> dict[str, Any]:
         return {"write_key": WRITE_KEY, "endpoint": f"http://127.0.0.1:{free_port()}"}
 
-    def test_retries_503_then_429_with_retry_after_then_200(self, receiver_factory):
+    def test_retries_503_then_429_with_retry_after_then_200(self, new_client, receiver_factory):
         api = receiver_factory(path="")
         api.responses = [503, (429, {"Retry-After": "1"}), 200]
-        client = Client(WRITE_KEY, endpoint=api.url, flush_after=60)
+        client = new_client(write_key=WRITE_KEY, endpoint=api.url, flush_after=60)
         try:
             client.track("u1", "Retried", message_id="m-retried")
             client.track("u2", "Retried", message_id="m-retried-2")
@@ -397,12 +470,12 @@ class TestHttpTransport(ClientContract):
             )
             assert request.headers["User-Agent"].startswith("pipeline-python/")
 
-    def test_a_refused_batch_is_not_retried_and_is_reported(self, receiver_factory):
+    def test_a_refused_batch_is_not_retried_and_is_reported(self, new_client, receiver_factory):
         api = receiver_factory(path="")
         api.default = 400
         errors: list[Any] = []
-        client = Client(
-            WRITE_KEY,
+        client = new_client(
+            write_key=WRITE_KEY,
             endpoint=api.url,
             gzip=False,
             on_error=lambda error, messages: errors.append((error, messages)),
