@@ -340,7 +340,7 @@ def section_retry(bench: Bench) -> None:
                 continue
             arrivals = receiver.arrivals()
             due = {}
-            for message in read_topic(deployment.settings, deployment.topics.retry[0], timeout=30):
+            for message in read_topic(deployment.settings, deployment.topics.retry[0], idle_timeout=30):
                 record = deployment.codec.decode("Delivery", message.value())
                 due[record["messageId"]] = record["notBefore"] / 1000
             errors = sorted(
