@@ -50,6 +50,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
+def wait_until_ready(url: str, timeout: float = 30.0) -> None:
+    """Poll ``url/ready`` until it answers 200 (a server starting in another process)."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/ready", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(ready, timeout=timeout)
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a ``pipeline`` subprocess the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}

@@ -6,7 +6,7 @@ import httpx
 
 from pipeline.commands.cli import COMMANDS, build_parser
 from pipeline.runtime.net import free_port
-from tests.support import apply, ingest_config, wait_for
+from tests.support import apply, ingest_config, wait_until_ready
 
 
 def test_ingest_ack_timeout_keeps_the_admin_token(settings, process_factory):
@@ -24,14 +24,7 @@ def test_ingest_ack_timeout_keeps_the_admin_token(settings, process_factory):
         env={"PIPELINE_ADMIN_TOKEN": "t0ken"},
     )
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(url + "/ready", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(ready, timeout=30)
+    wait_until_ready(url)
     anonymous = httpx.get(url + "/admin/delete-user/nobody", timeout=10)
     assert anonymous.status_code == 401, anonymous.text
     authorised = httpx.get(

@@ -33,6 +33,7 @@ from tests.support import (
     apply,
     ingest_config,
     wait_for,
+    wait_until_ready,
 )
 
 
@@ -723,14 +724,7 @@ def test_pipeline_ingest_command_serves_and_stops_on_sigterm(
     port = free_port()
     process = process_factory(settings, "ingest", "--port", str(port), "--ack-timeout", "5s")
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(url + "/ready", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(ready, timeout=30)
+    wait_until_ready(url)
     response = httpx.post(
         url + "/v1/track",
         auth=(WRITE_KEY, ""),
