@@ -21,6 +21,7 @@ from aiohttp import web
 
 from pipeline.core.config import ConfigTable
 from pipeline.core.exceptions import BrokerUnavailable, InvalidCall
+from pipeline.core.records import deletion_request_to_record
 from pipeline.core.settings import Settings
 from pipeline.http.errors import error_response
 from pipeline.ops.deletion import read_request, request_deletion
@@ -146,4 +147,5 @@ class AdminEndpoints:
             return _unavailable(exc)
         if record is None:
             return error_response(404, AdminCode.NOT_FOUND, "no deletion request for this user")
-        return web.json_response({"success": True, **record})
+        # The schema's camelCase record: the API answers what the record holds, as it always has.
+        return web.json_response({"success": True, **deletion_request_to_record(record)})

@@ -22,12 +22,18 @@ import argparse
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipeline.core.calls import MAX_ID_CHARS, Call, CallType
 from pipeline.core.config import ConfigTable
 from pipeline.core.exceptions import BrokerUnavailable, InvalidCall
-from pipeline.core.records import call_to_record
+from pipeline.core.records import (
+    DeletionNotification,
+    DeletionRequest,
+    DeletionRequestEvent,
+    call_to_record,
+    deletion_request_from_record,
+    deletion_request_to_record,
+)
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.kafka.clients import topics_for
@@ -71,26 +77,26 @@ def affected_sources(table: ConfigTable) -> list[str]:
 
 
 def plan_notifications(
-    record: dict[str, Any] | None, affected: list[str], *, force: bool
+    record: DeletionRequest | None, affected: list[str], *, force: bool
 ) -> tuple[dict[str, str | None], dict[str, int]]:
     """Which sources to notify now, each with a messageId to reuse (or None: a new one), and
     which affected sources earlier requests already notified (source → when). Pure logic.
 
-    >>> old = {"requests": [{"notifications": [
-    ...     {"sourceId": "web", "messageId": "m1", "timestamp": 5, "acknowledged": True},
-    ...     {"sourceId": "ios", "messageId": "m2", "timestamp": 5, "acknowledged": False}]}]}
+    >>> old = DeletionRequest("u", (DeletionRequestEvent(5, notifications=(
+    ...     DeletionNotification("web", "m1", 5, acknowledged=True),
+    ...     DeletionNotification("ios", "m2", 5, acknowledged=False))),))
     >>> plan_notifications(old, ["ios", "web", "android"], force=False)
     ({'ios': 'm2', 'android': None}, {'web': 5})
     """
     done: dict[str, int] = {}
     unfinished: dict[str, str] = {}
-    for request in record["requests"] if record else ():
-        for note in request["notifications"]:
-            if note["acknowledged"]:
-                done[note["sourceId"]] = note["timestamp"]
-                unfinished.pop(note["sourceId"], None)
-            elif note["sourceId"] not in done:
-                unfinished[note["sourceId"]] = note["messageId"]
+    for request in record.requests if record else ():
+        for note in request.notifications:
+            if note.acknowledged:
+                done[note.source_id] = note.timestamp
+                unfinished.pop(note.source_id, None)
+            elif note.source_id not in done:
+                unfinished[note.source_id] = note.message_id
     if force:
         return {source: None for source in affected}, {}
     todo = {s: unfinished.get(s) for s in affected if s not in done}
@@ -106,22 +112,26 @@ def _check_user(user_id: str) -> None:
         )
 
 
-def _read(settings: Settings, user_id: str) -> tuple[dict[str, Any] | None, int]:
+def _read(settings: Settings, user_id: str) -> tuple[DeletionRequest | None, int]:
     codec = make_codec(settings)
     key = user_id.encode()
-    found: list[dict[str, Any] | None] = [None]
+    found: list[DeletionRequest | None] = [None]
 
     def on_record(record_key: bytes, value: bytes | None) -> None:
         if record_key == key:
-            found[0] = None if value is None else codec.decode("DeletionRequest", value)
+            found[0] = (
+                None
+                if value is None
+                else deletion_request_from_record(codec.decode("DeletionRequest", value))
+            )
 
     topic = topics_for(settings).deletion_requests
     partition, _count = read_partition(settings, topic, key, on_record, key_prefix=key)
     return found[0], partition
 
 
-def read_request(settings: Settings, user_id: str) -> dict[str, Any] | None:
-    """The user's deletion record (``DeletionRequest``), or None when there was never one."""
+def read_request(settings: Settings, user_id: str) -> DeletionRequest | None:
+    """The user's deletion record, or None when there was never one."""
     _check_user(user_id)
     return _read(settings, user_id)[0]
 
@@ -150,29 +160,27 @@ def request_deletion(
     now = now_ms()
     outcome = DeletionOutcome(user_id, now, already=already)
     outcome.unaffected = sorted(set(table.sources) - set(affected))
-    notes: list[dict[str, Any]] = [
-        {
-            "sourceId": s,
-            "messageId": mid or str(uuid.uuid4()),
-            "timestamp": now,
-            "acknowledged": False,
-        }
+    notes = tuple(
+        DeletionNotification(s, mid or str(uuid.uuid4()), now, acknowledged=False)
         for s, mid in todo.items()
-    ]
-    event = {"requestedAt": now, "reason": reason, "forced": force, "notifications": notes}
-    record = record or {"userId": user_id, "requests": []}
-    record["requests"] = [*record["requests"], event][-MAX_HISTORY:]
+    )
+    event = DeletionRequestEvent(now, reason, force, notes)
+    history = record.requests if record else ()
+    # The new event is last: acknowledging it below replaces the last element.
+    pending = DeletionRequest(
+        record.user_id if record else user_id, (*history, event)[-MAX_HISTORY:]
+    )
 
     codec = make_codec(settings)
     topics = topics_for(settings)
     key = user_id.encode()
 
-    def write() -> None:
-        value = codec.encode("DeletionRequest", record)
+    def write(request: DeletionRequest) -> None:
+        value = codec.encode("DeletionRequest", deletion_request_to_record(request))
         producer.produce(topics.deletion_requests, key, value, partition=partition)
         producer.flush()
 
-    write()
+    write(pending)
     if producer.failed:
         raise BrokerUnavailable(
             f"Kafka refused the deletion request record ({producer.failed[0]}); nothing was sent"
@@ -183,8 +191,8 @@ def request_deletion(
     for note in notes:
         call = Call(
             type=CallType.DELETE,
-            message_id=note["messageId"],
-            source_id=note["sourceId"],
+            message_id=note.message_id,
+            source_id=note.source_id,
             timestamp=now,
             received_at=now,
             user_id=user_id,
@@ -195,10 +203,9 @@ def request_deletion(
         outcome.failed = [str(failure) for failure in producer.failed]
         return outcome  # left unacknowledged in the record: the next request sends them again
 
-    outcome.notified = [note["sourceId"] for note in notes]
-    for note in notes:
-        note["acknowledged"] = True
-    write()
+    outcome.notified = [note.source_id for note in notes]
+    acked = event._replace(notifications=tuple(n._replace(acknowledged=True) for n in notes))
+    write(pending._replace(requests=(*pending.requests[:-1], acked)))
     outcome.failed = [str(failure) for failure in producer.failed]
     return outcome
 
@@ -223,23 +230,23 @@ def _print_outcome(outcome: DeletionOutcome) -> None:
         print(f"  not notified (no enabled destination): {', '.join(outcome.unaffected)}")
 
 
-def _print_status(user_id: str, record: dict[str, Any] | None) -> int:
+def _print_status(user_id: str, record: DeletionRequest | None) -> int:
     if record is None:
         print(f"no deletion request for user {user_id!r}")
         return 1
-    requests = record["requests"]
+    requests = record.requests
     print(f"user {user_id!r}: {len(requests)} deletion request(s)")
     for request in requests:
-        flags = " (forced)" if request["forced"] else ""
-        reason = f" reason: {request['reason']!r}" if request["reason"] else ""
-        print(f"  {format_timestamp(request['requestedAt'])}{flags}{reason}")
-        if not request["notifications"]:
+        flags = " (forced)" if request.forced else ""
+        reason = f" reason: {request.reason!r}" if request.reason else ""
+        print(f"  {format_timestamp(request.requested_at)}{flags}{reason}")
+        if not request.notifications:
             print("    nothing sent")
-        for note in request["notifications"]:
-            state = "sent" if note["acknowledged"] else "NOT CONFIRMED (sent again on next request)"
+        for note in request.notifications:
+            state = "sent" if note.acknowledged else "NOT CONFIRMED (sent again on next request)"
             print(
-                f"    {note['sourceId']:<24} delete {state} at {format_timestamp(note['timestamp'])} "
-                f"messageId {note['messageId']}"
+                f"    {note.source_id:<24} delete {state} at {format_timestamp(note.timestamp)} "
+                f"messageId {note.message_id}"
             )
     return 0
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from pipeline.core.records import DeletionNotification, DeletionRequest, DeletionRequestEvent
 from pipeline.ops.deletion import plan_notifications
 
 
-def note(source: str, message_id: str, *, acked: bool, at: int = 1) -> dict[str, Any]:
-    return {"sourceId": source, "messageId": message_id, "timestamp": at, "acknowledged": acked}
+def note(source: str, message_id: str, *, acked: bool, at: int = 1) -> DeletionNotification:
+    return DeletionNotification(source, message_id, at, acknowledged=acked)
 
 
-def record(*requests: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"userId": "u", "requests": [{"notifications": list(r)} for r in requests]}
+def record(*requests: list[DeletionNotification]) -> DeletionRequest:
+    return DeletionRequest(
+        "u", tuple(DeletionRequestEvent(0, notifications=tuple(r)) for r in requests)
+    )
 
 
 def test_first_request_notifies_every_affected_source() -> None:
