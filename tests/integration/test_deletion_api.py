@@ -14,7 +14,7 @@ def test_admin_endpoint_notifies_each_affected_source_once(
     settings,
     receiver_factory,
     worker_factory,
-    ingest_factory,  # noqa: F811
+    ingest_factory,
 ):
     receivers = [receiver_factory(), receiver_factory(), receiver_factory()]
     three_sources(settings, receivers)
@@ -60,6 +60,16 @@ def test_admin_endpoint_notifies_each_affected_source_once(
     status = httpx.get(f"{url}/user-42", headers=auth, timeout=30)
     assert status.status_code == 200
     assert [r["reason"] for r in status.json()["requests"]][:1] == ["GDPR"]
+    # The answer is the record as its schema names it (camelCase), whatever Python calls it.
+    shown = status.json()
+    assert set(shown) == {"success", "userId", "requests"} and shown["userId"] == "user-42"
+    assert [set(r) for r in shown["requests"]] == [
+        {"requestedAt", "reason", "forced", "notifications"}
+    ] * 2
+    notes = shown["requests"][0]["notifications"]
+    assert sorted(n["sourceId"] for n in notes) == ["ios", "web"]
+    assert all(set(n) == {"sourceId", "messageId", "timestamp", "acknowledged"} for n in notes)
+    assert all(n["acknowledged"] is True for n in notes)
     nobody = httpx.get(f"{url}/nobody", headers=auth, timeout=30)
     assert (nobody.status_code, nobody.json()) == (
         404,
@@ -67,7 +77,7 @@ def test_admin_endpoint_notifies_each_affected_source_once(
     )
 
 
-def test_admin_endpoints_are_off_without_a_token(settings, ingest_factory):  # noqa: F811
+def test_admin_endpoints_are_off_without_a_token(settings, ingest_factory):
     api = ingest_factory(settings, IngestOptions())
     response = httpx.post(f"{api.url}/admin/delete-user", json={"userId": "u"}, timeout=10)
     assert (response.status_code, response.json()) == (
