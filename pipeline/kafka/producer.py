@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, Producer
 from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
-from pipeline.kafka.clients import producer_config
+from pipeline.kafka.clients import make_producer, producer_config
 from pipeline.kafka.errors import Failed, Outgoing, Refusal
 
 __all__ = ["Acks", "AsyncProducer", "AckedProducer", "Outgoing", "Failed", "FLUSH_TIMEOUT"]
@@ -84,7 +84,7 @@ class _BatchAcks(Acks):
 
 class AsyncProducer:
     def __init__(self, settings: Settings, *, producer: Producer | None = None) -> None:
-        self._producer = producer or Producer(producer_config(settings))
+        self._producer = producer or make_producer(settings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="producer-poll", daemon=True)
         self._thread.start()
