@@ -25,6 +25,13 @@ _ENV_NAMES = {
     "max_in_flight": "PIPELINE_MAX_IN_FLIGHT",
     "max_connections_per_host": "PIPELINE_MAX_CONNECTIONS_PER_HOST",
     "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
+    "commit_interval": "PIPELINE_COMMIT_INTERVAL",
+}
+
+#: The words an on/off setting accepts.
+_FLAGS = {
+    **dict.fromkeys(("on", "true", "yes", "1"), True),
+    **dict.fromkeys(("off", "false", "no", "0"), False),
 }
 
 
@@ -57,6 +64,13 @@ class Settings:
     circuit_failures: int = 5
     #: Seconds an open circuit waits before letting one probe through.
     circuit_cool_down: float = 30.0
+    #: The router hands off in Kafka transactions (consume, produce and commit at once). Off
+    #: only for Kafka-compatible brokers without transactions; a crashed router then routes
+    #: again what it routed since its last commit.
+    transactions: bool = True
+    #: How often the deliver and retry roles commit their finished position: a crash delivers
+    #: again what was in flight plus at most what finished within one interval.
+    commit_interval: float = 0.1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -73,6 +87,13 @@ class Settings:
                     values[field] = int(env[name])
                 except ValueError:
                     raise ValueError(f"{name}: {env[name]!r} is not a whole number") from None
+
+        def flag(name: str, field: str) -> None:
+            if env.get(name):
+                word = env[name].strip().lower()
+                if word not in _FLAGS:
+                    raise ValueError(f"{name}: {env[name]!r} is not on or off")
+                values[field] = _FLAGS[word]
 
         def seconds(name: str, field: str) -> None:
             if env.get(name):
@@ -91,6 +112,8 @@ class Settings:
         seconds("PIPELINE_SESSION_TIMEOUT", "session_timeout")
         integer("PIPELINE_CIRCUIT_FAILURES", "circuit_failures")
         seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
+        flag("PIPELINE_TRANSACTIONS", "transactions")
+        seconds("PIPELINE_COMMIT_INTERVAL", "commit_interval")
         if env.get("PIPELINE_ALLOWED_NETWORKS"):
             values["allowed_networks"] = tuple(
                 part.strip() for part in env["PIPELINE_ALLOWED_NETWORKS"].split(",") if part.strip()
@@ -119,6 +142,8 @@ class Settings:
         ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
+        if self.commit_interval <= 0:
+            raise ValueError(f"commit_interval: must be above 0, got {self.commit_interval:g} s")
         if not self.retry_delays:
             raise ValueError("retry_delays: give at least one delay")
         from pipeline.core.address_policy import AddressPolicy

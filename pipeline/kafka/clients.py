@@ -65,6 +65,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
+        # Never see what a router's transaction has not committed (librdkafka's default too).
+        "isolation.level": "read_committed",
         "partition.assignment.strategy": "cooperative-sticky",
         "fetch.queue.backoff.ms": 50,
         "error_cb": _log_error,

@@ -8,8 +8,12 @@ Why it is shaped like this:
 - A handler gets a batch of ``Taken`` records and calls ``finish(taken)`` once each record's outcome
   is durable: delivered, or acknowledged by Kafka on a retry tier or the dead-letter topic. Records
   finish out of order; ``PartitionOffsets`` turns that into the highest contiguous finished offset,
-  and only that is committed (every ``commit_interval`` and at shutdown). A crash re-delivers what
-  was in flight and never skips anything (at-least-once).
+  and only that is committed (every ``commit_interval``, 100 ms by default, and at shutdown). A crash
+  re-delivers what was in flight plus what finished since the last commit, and never skips anything
+  (at-least-once).
+- ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
+  the loop then only keeps count of what is in flight. ``abandon(taken)`` leaves a record, and what
+  follows it in its partition, to the partition's next owner (after the handler was fenced).
 - Back-pressure: with ``max_in_flight`` records unfinished the loop stops taking more.
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
@@ -78,6 +82,9 @@ class Handler(Protocol):
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
         """Start work on ``batch``; call ``loop.finish`` for each record once it is durable."""
 
+    def released(self, keys: Sequence[TP]) -> None:
+        """The partitions ``keys`` were revoked or lost: their records are no longer ours."""
+
     async def aclose(self) -> None: ...
 
 
@@ -90,7 +97,8 @@ class ConsumerLoop:
         *,
         max_in_flight: int | None = None,
         batch_size: int = 500,
-        commit_interval: float = 1.0,
+        commit_interval: float | None = None,
+        commits: bool = True,
         revoke_grace: float | None = None,
         consumer_overrides: dict[str, Any] | None = None,
     ) -> None:
@@ -99,7 +107,8 @@ class ConsumerLoop:
         self._settings = settings
         self._max_in_flight = max_in_flight or settings.max_in_flight
         self._batch_size = batch_size
-        self._commit_interval = commit_interval
+        self._commit_interval = commit_interval or settings.commit_interval
+        self._commits = commits
         self._revoke_grace = (
             revoke_grace if revoke_grace is not None else settings.delivery_timeout + 2.0
         )
@@ -127,6 +136,24 @@ class ConsumerLoop:
         self._gauge.dec()
         if self._in_flight < self._max_in_flight:
             self._capacity.set()
+
+    def owns(self, taken: Taken) -> bool:
+        """Whether ``taken``'s partition is still assigned here as it was when it was taken (a
+        worker that lost it must not hand the record off: its new owner processes it again)."""
+        partition = taken._partition
+        return partition.generation == taken._generation and (
+            self._partitions.get(taken.key) is partition
+        )
+
+    def abandon(self, taken: Taken) -> None:
+        """Leave ``taken``, and the records after it taken so far from its partition, to the
+        partition's next owner: they no longer count as in flight, and must not be finished."""
+        if self.owns(taken):
+            self._forget_from(taken._partition, taken.offset)
+
+    def group_metadata(self) -> Any:
+        """The consumer's group metadata, for ``send_offsets_to_transaction``."""
+        return self._consumer.consumer_group_metadata()
 
     def defer(self, taken: Taken, until: float) -> None:
         """Do not process ``taken`` (and what follows it in its partition) before ``until``."""
@@ -265,7 +292,7 @@ class ConsumerLoop:
         except Exception:
             log.exception("%s: could not release revoked partitions", self.handler.role)
             return
-        if offsets:
+        if offsets and self._commits:
             try:
                 consumer.commit(offsets=offsets, asynchronous=False)
             except Exception as exc:
@@ -273,6 +300,11 @@ class ConsumerLoop:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(p.topic, p.partition) for p in partitions]
+        log.warning(
+            "%s: lost %s (the group moved on without us); their records are left to the new owner",
+            self.handler.role,
+            ", ".join(f"{topic}[{number}]" for topic, number in keys),
+        )
         loop = self._require_loop()
         asyncio.run_coroutine_threadsafe(self._release(keys, drain=False), loop).result(timeout=5)
 
@@ -302,9 +334,12 @@ class ConsumerLoop:
             self._gauge.dec(unfinished)
         if self._in_flight < self._max_in_flight:
             self._capacity.set()
+        self.handler.released(keys)
         return offsets
 
     async def _commit(self, *, asynchronous: bool) -> None:
+        if not self._commits:
+            return
         offsets = []
         for (topic, number), partition in self._partitions.items():
             position = partition.offsets.position()

@@ -21,10 +21,23 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError
 
-__all__ = ["FATAL_PRODUCER_CODES", "PERMANENT_PRODUCE_CODES", "Refusal", "Outgoing", "Failed"]
+__all__ = [
+    "FENCED_CODES",
+    "FATAL_PRODUCER_CODES",
+    "PERMANENT_PRODUCE_CODES",
+    "Refusal",
+    "Outgoing",
+    "Failed",
+]
 
 #: (topic, key, value): one record to produce.
 Outgoing = tuple[str, bytes | None, bytes | None]
+
+#: Another producer took over this one's transactional id: it must stop, not be replaced (a new
+#: producer with the same id would fence the rightful owner in turn).
+FENCED_CODES = frozenset(
+    {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 
 #: After these an idempotent producer never recovers: it must be replaced by a new one.
 FATAL_PRODUCER_CODES = frozenset(
@@ -64,6 +77,11 @@ class Refusal(NamedTuple):
     def fatal(self) -> bool:
         """The producer that got this must be replaced."""
         return self.code in FATAL_PRODUCER_CODES
+
+    @property
+    def fenced(self) -> bool:
+        """A newer producer holds this one's transactional id."""
+        return self.code in FENCED_CODES
 
     @property
     def retryable(self) -> bool:

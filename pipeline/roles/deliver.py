@@ -12,7 +12,8 @@ For each record:
 3. POST to every webhook at once and combine the answers (``pipeline.core.outcomes.decide``).
 4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
    dead-letter topic when the deadline leaves no room. Permanent failure → dead letter.
-5. The record is finished only after Kafka acknowledged the hand-off.
+5. The record is finished only after Kafka acknowledged the hand-off. A record whose partition
+   was revoked or lost meanwhile is not handed off at all: its new owner reads it again.
 
 Steps 1, 2 and 4 are decided by ``pipeline.core.delivery_policy`` (pure); this module does the
 I/O around them: decode, send, produce, finish, and the metrics.
@@ -188,6 +189,9 @@ class DeliveryHandler:
         self.fatal = exc
         self._stop.set()
 
+    def released(self, keys: Sequence[tuple[str, int]]) -> None:
+        return None  # what is in flight finishes; the loop ignores records of released partitions
+
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
@@ -209,6 +213,7 @@ class DeliveryHandler:
     async def _hand_off_all(
         self, decided: list[tuple[Taken, list[Outgoing]]], loop: ConsumerLoop
     ) -> None:
+        decided = [(taken, out) for taken, out in decided if loop.owns(taken)]
         records = [record for _, out in decided for record in out]
         await self._producer.send_all_until_acked(records, self._stop)
         for taken, _ in decided:
@@ -242,6 +247,8 @@ class DeliveryHandler:
             return
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
             out = self._internal_error(taken, record, exc)
+        if not loop.owns(taken):
+            return  # the partition was lost meanwhile: its new owner hands the record off
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
         loop.finish(taken)

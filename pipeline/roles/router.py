@@ -1,13 +1,24 @@
 """The router role: ``calls`` → one delivery record per enabled destination.
 
-The body is rendered here, once per call, so every retry sends the same bytes. A batch is finished
-only after Kafka acknowledged every delivery record it produced.
+The body is rendered here, once per call, so every retry sends the same bytes.
+
+Hand-off, with transactions (the default): a batch is split by input partition, and each part's
+delivery records are produced and its consumed offset committed in one Kafka transaction
+(``PartitionTransactions``); the parts commit side by side. A router killed at any moment neither
+loses nor doubles a delivery record; one that was fenced (its partition has a new owner) leaves the
+part to that owner and routes nothing more of that partition until it is assigned it again.
+
+Without transactions (``PIPELINE_TRANSACTIONS=off``): a batch is finished once Kafka acknowledged
+every record it produced, and the consumer loop commits; a crash routes again what was routed since
+the last commit.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.outcomes import DeadLetterReason
@@ -19,10 +30,15 @@ from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.kafka.transactions import Fenced, PartitionTransactions, TransactionFailed
 from pipeline.roles.deliver import letter_of
 from pipeline.runtime import metrics
 
 __all__ = ["RouterHandler"]
+
+log = logging.getLogger("pipeline.router")
+
+TP = tuple[str, int]
 
 
 class RouterHandler:
@@ -36,11 +52,20 @@ class RouterHandler:
         producer: AsyncProducer,
         stop: asyncio.Event,
         codec: RecordCodec | None = None,
+        transactions: Callable[[str, int], PartitionTransactions] | None = None,
     ) -> None:
+        """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
+        off in transactions; the consumer loop must then not commit (``commits=False``)."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
         self._stop = stop
+        self._new_transactions = transactions
+        self._transactions: dict[TP, PartitionTransactions] = {}
+        # Transactions block; the parts of a batch commit side by side on these threads.
+        self._threads = ThreadPoolExecutor(8, thread_name_prefix="router-transactions")
+        self._committed = metrics.ROUTER_TRANSACTIONS.labels("committed")
+        self._aborted = metrics.ROUTER_TRANSACTIONS.labels("aborted")
         self._codec: RecordCodec = codec or Codec.default()
         #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
         self.fatal: BaseException | None = None
@@ -50,7 +75,14 @@ class RouterHandler:
     def topics(self) -> Sequence[str]:
         return [self._topics.calls]
 
+    @property
+    def transactional(self) -> bool:
+        return self._new_transactions is not None
+
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        if self._new_transactions is not None:
+            await self._handle_in_transactions(batch, loop)
+            return
         out = self._route(batch)
         if out is None:
             return
@@ -58,6 +90,74 @@ class RouterHandler:
         await self._producer.send_all_until_acked(out, self._stop)
         for taken in batch:
             loop.finish(taken)
+
+    async def _handle_in_transactions(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        parts: dict[TP, list[Taken]] = {}
+        for taken in batch:
+            parts.setdefault(taken.key, []).append(taken)
+        routed: list[tuple[TP, list[Taken], list[Outgoing]]] = []
+        for key, part in parts.items():
+            out = self._route(part)
+            if out is None:
+                return  # the worker stops; nothing of this batch is committed
+            routed.append((key, part, out))
+        await asyncio.gather(
+            *(self._commit_part(key, part, out, loop) for key, part, out in routed)
+        )
+
+    async def _commit_part(
+        self, key: TP, part: list[Taken], out: list[Outgoing], loop: ConsumerLoop
+    ) -> None:
+        """Commit one input partition's part of a batch; retried until it commits, the worker
+        stops (the part is then routed again after a restart), or the partition is fenced."""
+        assert self._new_transactions is not None
+        transactions = self._transactions.get(key)
+        if transactions is None:
+            transactions = self._new_transactions(*key)
+            self._transactions[key] = transactions
+        running = asyncio.get_running_loop()
+        next_offset = part[-1].offset + 1
+        delay = 0.1
+        while True:
+            try:
+                await running.run_in_executor(
+                    self._threads,
+                    # The group's metadata as of now: a rebalance between tries changes it.
+                    lambda: transactions.commit(
+                        out, next_offset=next_offset, group=loop.group_metadata()
+                    ),
+                )
+                self._committed.inc()
+                break
+            except Fenced as exc:
+                if not transactions.closed:
+                    log.warning(
+                        "router: %s[%d] fenced: another router owns it now and routes its calls "
+                        "from the last commit (%s)",
+                        *key,
+                        exc,
+                    )
+                    metrics.ROUTER_FENCED.inc()
+                loop.abandon(part[0])
+                return
+            except TransactionFailed as exc:
+                self._aborted.inc()
+                if self._stop.is_set():
+                    log.warning("router: stopping with %s[%d] uncommitted: %s", *key, exc)
+                    return  # unfinished: routed again from the last commit after a restart
+                log.warning("router: %s; trying again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        metrics.DELIVERIES_ROUTED.inc(len(out))
+        for taken in part:
+            loop.finish(taken)
+
+    def released(self, keys: Sequence[TP]) -> None:
+        """Revoked or lost partitions: their producers go (after any commit in progress)."""
+        for key in keys:
+            transactions = self._transactions.pop(key, None)
+            if transactions is not None:
+                self._threads.submit(transactions.close)
 
     def _decode(self, data: bytes | None) -> Call:
         return call_from_record(self._codec.decode("Call", data))
@@ -103,4 +203,7 @@ class RouterHandler:
         return out
 
     async def aclose(self) -> None:
-        return None
+        for transactions in self._transactions.values():
+            self._threads.submit(transactions.close)
+        self._transactions.clear()
+        await asyncio.to_thread(self._threads.shutdown, True)

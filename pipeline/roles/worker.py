@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from functools import partial
 
 from pipeline.core.settings import Settings
 from pipeline.http.sender import WebhookSender
@@ -16,6 +17,7 @@ from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
+from pipeline.kafka.transactions import PartitionTransactions
 from pipeline.roles.deliver import DeliveryHandler
 from pipeline.roles.router import RouterHandler
 
@@ -57,9 +59,24 @@ async def run_roles(
         loops: list[ConsumerLoop] = []
         if "router" in roles:
             handler = RouterHandler(
-                topics=topics, follower=follower, producer=producer, stop=stop, codec=codec
+                topics=topics,
+                follower=follower,
+                producer=producer,
+                stop=stop,
+                codec=codec,
+                transactions=partial(PartitionTransactions, settings)
+                if settings.transactions
+                else None,
             )
-            loops.append(ConsumerLoop(settings, group_id(settings, "router"), handler))
+            # With transactions the router commits its offsets inside them, not the loop.
+            loops.append(
+                ConsumerLoop(
+                    settings,
+                    group_id(settings, "router"),
+                    handler,
+                    commits=not handler.transactional,
+                )
+            )
         if "deliver" in roles or "retry" in roles:
             sender = await WebhookSender(settings).start()
         for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):

@@ -19,6 +19,8 @@ __all__ = [
     "CALLS_ROUTED",
     "CALLS_DROPPED",
     "DELIVERIES_ROUTED",
+    "ROUTER_TRANSACTIONS",
+    "ROUTER_FENCED",
     "DELIVERIES",
     "DELIVERY_ATTEMPT_SECONDS",
     "END_TO_END_SECONDS",
@@ -46,6 +48,12 @@ CALLS_DROPPED = Counter(
 DELIVERIES_ROUTED = Counter(
     "pipeline_deliveries_routed", "Delivery records the router wrote (one per destination)."
 )
+ROUTER_TRANSACTIONS = Counter(
+    "pipeline_router_transactions",
+    "Router transactions by result (committed, aborted: tried again, fenced).",
+    ["result"],
+)
+ROUTER_FENCED = ROUTER_TRANSACTIONS.labels("fenced")
 DELIVERIES = Counter(
     "pipeline_deliveries",
     "Delivery attempts by outcome (delivered, retry, dead_letter).",

@@ -18,6 +18,8 @@ def test_defaults() -> None:
     assert s.delivery_timeout == 5.0  # seed §4.1
     assert s.session_timeout is None
     assert s.schema_registry_url is None
+    assert s.transactions is True
+    assert s.commit_interval == 0.1
     assert Settings.from_env({}) == s
 
 
@@ -36,6 +38,8 @@ def test_from_env_reads_every_variable() -> None:
             "PIPELINE_RETRY_DEADLINE": "8s",
             "PIPELINE_DELIVERY_TIMEOUT": "1500ms",
             "PIPELINE_SESSION_TIMEOUT": "6s",
+            "PIPELINE_TRANSACTIONS": "off",
+            "PIPELINE_COMMIT_INTERVAL": "250ms",
             "UNRELATED": "x",
         }
     )
@@ -52,7 +56,17 @@ def test_from_env_reads_every_variable() -> None:
         retry_deadline=8.0,
         delivery_timeout=1.5,
         session_timeout=6.0,
+        transactions=False,
+        commit_interval=0.25,
     )
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("on", True), ("ON", True), ("true", True), ("1", True), ("off", False), ("No", False)],
+)
+def test_transactions_take_on_and_off(word: str, value: bool) -> None:
+    assert Settings.from_env({"PIPELINE_TRANSACTIONS": word}).transactions is value
 
 
 def test_design_examples() -> None:
@@ -101,6 +115,9 @@ def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -
         ("PIPELINE_REPLICATION_FACTOR", "one"),
         ("PIPELINE_MAX_IN_FLIGHT", "lots"),
         ("PIPELINE_MAX_CONNECTIONS_PER_HOST", "100.0"),
+        ("PIPELINE_TRANSACTIONS", "maybe"),
+        ("PIPELINE_COMMIT_INTERVAL", "often"),
+        ("PIPELINE_COMMIT_INTERVAL", "0s"),
     ],
 )
 def test_malformed_values_name_the_variable(variable: str, value: str) -> None:

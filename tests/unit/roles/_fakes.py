@@ -56,9 +56,22 @@ def taken(
 class FakeLoop:
     finished: list[Taken] = field(default_factory=list)
     deferred: list[tuple[Taken, float]] = field(default_factory=list)
+    #: Partitions revoked or lost while their records were in flight.
+    lost: set[tuple[str, int]] = field(default_factory=set)
 
     def finish(self, record: Taken) -> None:
         self.finished.append(record)
+
+    abandoned: list[Taken] = field(default_factory=list)
+
+    def owns(self, record: Taken) -> bool:
+        return record.key not in self.lost
+
+    def abandon(self, record: Taken) -> None:
+        self.abandoned.append(record)
+
+    def group_metadata(self) -> str:
+        return "group-metadata"
 
     def defer(self, record: Taken, until: float) -> None:
         self.deferred.append((record, until))

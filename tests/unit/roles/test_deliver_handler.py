@@ -52,9 +52,12 @@ def encoded(record: Delivery) -> bytes:
 
 
 def run(
-    records: list[bytes | None], sender: FakeSender, codec: Any = CODEC
+    records: list[bytes | None],
+    sender: FakeSender,
+    codec: Any = CODEC,
+    loop: FakeLoop | None = None,
 ) -> tuple[DeliveryHandler, FakeLoop, FakeProducer, list[Any]]:
-    loop, producer = FakeLoop(), FakeProducer()
+    loop, producer = loop or FakeLoop(), FakeProducer()
     batch = [
         taken(TOPICS.deliveries, value, key=b"hooks/u1", partition=2, offset=10 + i)
         for i, value in enumerate(records)
@@ -110,6 +113,28 @@ def test_retryable_failure_goes_to_the_first_tier_under_the_same_key() -> None:
         (URL, 503, "server_error: 503")
     ]
     assert loop.finished == batch
+
+
+@pytest.mark.parametrize("answer", [E503, E404, OK])
+def test_a_record_whose_partition_was_lost_meanwhile_is_neither_handed_off_nor_finished(
+    answer: UrlResult,
+) -> None:
+    loop = FakeLoop()
+
+    def attempt(destination: Destination) -> list[UrlResult]:
+        loop.lost.add((TOPICS.deliveries, 2))  # the group moved on while the request ran
+        return [answer]
+
+    _, loop, producer, _ = run([encoded(delivery())], FakeSender(attempt), loop=loop)
+    assert producer.sent == [] and loop.finished == []
+
+
+def test_records_decided_without_a_request_are_not_handed_off_for_a_lost_partition() -> None:
+    loop = FakeLoop(lost={(TOPICS.deliveries, 2)})
+    _, loop, producer, _ = run(
+        [encoded(delivery("gone")), b"junk"], FakeSender(lambda d: [OK]), loop=loop
+    )
+    assert producer.sent == [] and loop.finished == []
 
 
 def test_permanent_failure_is_dead_lettered_with_where_it_came_from() -> None:

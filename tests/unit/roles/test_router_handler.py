@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from pipeline import parse_call
 from pipeline.core.config import ConfigTable, Destination, Source
@@ -12,6 +16,7 @@ from pipeline.core.render import render_body
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.kafka.transactions import Fenced, TransactionFailed
 from pipeline.roles.router import RouterHandler
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, RegistryDown, taken
 
@@ -82,3 +87,112 @@ def test_registry_down_stops_the_worker_and_finishes_nothing() -> None:
     handler, loop, producer, _ = run([b"anything"], codec=RegistryDown())
     assert isinstance(handler.fatal, SchemaRegistryUnavailable)
     assert loop.finished == [] and producer.sent == []
+
+
+# ---- in transactions ------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeTransactions:
+    """One input partition's transactions: commits what it is given, or fails as scripted."""
+
+    topic: str
+    partition: int
+    failures: list[Exception] = field(default_factory=list)
+    commits: list[tuple[list[Any], int, Any]] = field(default_factory=list)
+    fenced: bool = False
+    closed: bool = False
+
+    def commit(self, records: Sequence[Any], *, next_offset: int, group: Any) -> None:
+        if self.fenced:
+            raise Fenced("fenced")
+        if self.failures:
+            failure = self.failures.pop(0)
+            self.fenced = isinstance(failure, Fenced)
+            raise failure
+        self.commits.append((list(records), next_offset, group))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Transactional:
+    """A router handing off in transactions, fed batch by batch."""
+
+    failures: dict[int, list[Exception]] = field(default_factory=dict)
+    made: list[FakeTransactions] = field(default_factory=list)
+    loop: FakeLoop = field(default_factory=FakeLoop)
+    producer: FakeProducer = field(default_factory=FakeProducer)
+
+    def new(self, topic: str, partition: int) -> FakeTransactions:
+        made = FakeTransactions(topic, partition, self.failures.pop(partition, []))  # the first one
+        self.made.append(made)
+        return made
+
+    def run(self, *batches: list[Any], released: Sequence[tuple[str, int]] = ()) -> None:
+        async def go() -> None:
+            handler = RouterHandler(
+                topics=TOPICS,
+                follower=FakeFollower(TABLE),  # type: ignore[arg-type]
+                producer=self.producer,  # type: ignore[arg-type]
+                stop=asyncio.Event(),
+                codec=CODEC,
+                transactions=self.new,  # type: ignore[arg-type]
+            )
+            assert handler.transactional
+            for number, batch in enumerate(batches):
+                if number == len(batches) - 1:
+                    handler.released(released)
+                await handler.handle(batch, self.loop)  # type: ignore[arg-type]
+            await handler.aclose()
+
+        asyncio.run(go())
+
+
+def calls(partition: int, offsets: range) -> list[Any]:
+    track = {"type": "track", "event": "Order", "userId": "u1"}
+    return [taken(TOPICS.calls, call_value(track), partition=partition, offset=o) for o in offsets]
+
+
+def test_each_partition_of_a_batch_commits_its_records_and_next_offset_together() -> None:
+    router = Transactional()
+    batch = calls(0, range(5, 8)) + calls(2, range(40, 42))
+    router.run(batch)
+    by_partition = {t.partition: t.commits for t in router.made}
+    [(records, next_offset, group)] = by_partition[0]
+    assert (len(records), next_offset, group) == (
+        6,
+        8,
+        "group-metadata",
+    )  # 3 calls × 2 destinations
+    assert {topic for topic, _, _ in records} == {TOPICS.deliveries}
+    [(records, next_offset, _)] = by_partition[2]
+    assert (len(records), next_offset) == (4, 42)
+    assert router.loop.finished == batch and router.producer.sent == []
+    assert all(t.closed for t in router.made)
+
+
+def test_an_aborted_transaction_is_tried_again_until_it_commits() -> None:
+    router = Transactional(failures={0: [TransactionFailed("broker away"), TransactionFailed("x")]})
+    batch = calls(0, range(3))
+    router.run(batch)
+    [made] = router.made
+    assert [offset for _, offset, _ in made.commits] == [3]
+    assert router.loop.finished == batch
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_a_fenced_partition_is_left_to_its_new_owner_until_assigned_again(released: bool) -> None:
+    router = Transactional(failures={1: [Fenced("a newer producer")]})
+    first, other, later = calls(1, range(2)), calls(0, range(2)), calls(1, range(2, 4))
+    router.run(first + other, later, released=[(TOPICS.calls, 1)] if released else [])
+    if released:  # assigned again later: a new producer takes the id back
+        assert router.loop.finished == other + later
+        assert router.loop.abandoned == [first[0]]
+        assert [t.partition for t in router.made] == [1, 0, 1]
+        assert router.made[-1].commits[0][1] == 4
+    else:  # still fenced: nothing more of partition 1 is committed, nothing finished
+        assert router.loop.finished == other  # partition 0 is not affected
+        assert router.loop.abandoned == [first[0], later[0]]
+        assert [t.partition for t in router.made] == [1, 0]
