@@ -30,6 +30,10 @@ Sections (the issue's numbering):
 7. Peak RSS (VmHWM) of one ``pipeline deliver`` process working on a 1,000,000-record backlog of
    delivery records, bounded in time (RSS is bounded by the in-flight limit, not by the backlog).
 8. Naive baseline: poll one call, ``requests.post``, synchronous commit per message.
+9. Router transactions: section 1's end to end again with ``PIPELINE_TRANSACTIONS=off`` (same run,
+   alternated), and one ``pipeline router`` process alone turning a backlog of calls into delivery
+   records, with and without transactions (calls/s until its group's committed offsets reach the
+   end of ``calls``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
+
 from pipeline.kafka.broker import EmbeddedBroker
+from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.topic_reader import read_topic
 
 from ._baselines import raw_post_rate
@@ -138,22 +145,31 @@ def section_e2e(bench: Bench) -> None:
     deployment = Deployment(bench.bootstrap, "e2e")
     deployment.apply({"s": [("d1", [receiver.url()])]})
     naive_deployment = Deployment(bench.bootstrap, "naive")
+    off_deployment = Deployment(bench.bootstrap, "e2e-off")
+    off_deployment.apply({"s": [("d1", [receiver.url()])]})
     worker = Worker("worker", deployment.env(), "e2e-worker")
+    off_worker = Worker("worker", off_deployment.env(PIPELINE_TRANSACTIONS="off"), "e2e-off")
     naive = Worker(receiver.url(), naive_deployment.env(), "naive", module="bench._naive")
     try:
         warm_up(receiver, deployment, "s")
+        warm_up(receiver, off_deployment, "s")
         warm_up(receiver, naive_deployment, "s")
         body, headers = sample_request(deployment)
-        raw, ours, plain = [], [], []
+        raw, ours, off, plain = [], [], [], []
         for run in range(bench.runs):
             raw.append(raw_post_rate(receiver, body, headers, calls, 100))
-            ours.append(pipeline_rate(receiver, deployment, "s", calls))
+            # Alternated, so neither mode always runs on the warmer machine.
+            pair = [(ours, deployment), (off, off_deployment)]
+            for figures, where in pair if run % 2 == 0 else reversed(pair):
+                figures.append(pipeline_rate(receiver, where, "s", calls))
             plain.append(pipeline_rate(receiver, naive_deployment, "s", naive_calls))
             log(
-                f"1/8 run {run + 1}: ours {ours[-1]:,.0f}/s raw {raw[-1]:,.0f}/s naive {plain[-1]:,.0f}/s"
+                f"1/8/9 run {run + 1}: ours {ours[-1]:,.0f}/s (transactions off "
+                f"{off[-1]:,.0f}/s) raw {raw[-1]:,.0f}/s naive {plain[-1]:,.0f}/s"
             )
     finally:
         worker.stop()
+        off_worker.stop()
         naive.stop()
         receiver.stop()
     vs_raw = [o / r for o, r in zip(ours, raw, strict=True)]
@@ -177,6 +193,16 @@ def section_e2e(bench: Bench) -> None:
             fmt(median(vs_naive), "×"),
             "≥ 5×",
             median(vs_naive) >= 5,
+        ),
+        Row(
+            "9",
+            "end to end with router transactions vs without (same run, alternated)",
+            fmt(median(ours)),
+            f"`PIPELINE_TRANSACTIONS=off`: {fmt(median(off))}",
+            fmt(median([o / f for o, f in zip(ours, off, strict=True)])),
+            "≥ 0.9",
+            median([o / f for o, f in zip(ours, off, strict=True)]) >= 0.9,
+            [f"{o:,.0f}/{f:,.0f}" for o, f in zip(ours, off, strict=True)],
         ),
         Row(
             "8",
@@ -340,7 +366,9 @@ def section_retry(bench: Bench) -> None:
                 continue
             arrivals = receiver.arrivals()
             due = {}
-            for message in read_topic(deployment.settings, deployment.topics.retry[0], idle_timeout=30):
+            for message in read_topic(
+                deployment.settings, deployment.topics.retry[0], idle_timeout=30
+            ):
                 record = deployment.codec.decode("Delivery", message.value())
                 due[record["messageId"]] = record["notBefore"] / 1000
             errors = sorted(
@@ -514,6 +542,78 @@ def section_ingest(bench: Bench) -> None:
     ]
 
 
+# ---- 9: the router alone, with and without transactions ------------------------------------------
+
+
+def routed_total(deployment: Deployment) -> int:
+    """Calls the router has committed as handed off, over every partition of ``calls``."""
+    settings = deployment.settings
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}router"))
+    try:
+        partitions = [
+            TopicPartition(deployment.topics.calls, p) for p in range(settings.partitions)
+        ]
+        return sum(max(0, tp.offset) for tp in consumer.committed(partitions, timeout=10))
+    finally:
+        consumer.close()
+
+
+def router_rate(deployment: Deployment, count: int) -> float:
+    """Produce ``count`` calls; calls/s until the router's committed offsets cover them all."""
+    records = list(deployment.call_records("s", count))
+    target = routed_total(deployment) + count
+    started = time.monotonic()
+    produce_all(deployment.settings, deployment.topics.calls, records)
+    deadline = started + 120
+    while (routed := routed_total(deployment)) < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the router handed off {routed - target + count} of {count}")
+        time.sleep(0.02)
+    return count / (time.monotonic() - started)
+
+
+def section_router(bench: Bench) -> None:
+    calls = bench.n(50000)
+    receiver = Receiver()
+    modes = {
+        "on": Deployment(bench.bootstrap, "router-on"),
+        "off": Deployment(bench.bootstrap, "router-off"),
+    }
+    workers = []
+    try:
+        for mode, deployment in modes.items():
+            deployment.apply({"s": [("d1", [receiver.url()])]})
+            env = deployment.env(PIPELINE_TRANSACTIONS=mode)
+            workers.append(Worker("router", env, f"router-{mode}"))
+        for deployment in modes.values():
+            router_rate(deployment, 100)  # joined the group, transactions initialised
+        figures: dict[str, list[float]] = {"on": [], "off": []}
+        for run in range(bench.runs):
+            order = ["on", "off"] if run % 2 == 0 else ["off", "on"]
+            for mode in order:
+                figures[mode].append(router_rate(modes[mode], calls))
+            log(
+                f"9 run {run + 1}: router {figures['on'][-1]:,.0f}/s, off {figures['off'][-1]:,.0f}/s"
+            )
+    finally:
+        for worker in workers:
+            worker.stop()
+        receiver.stop()
+    ratios = [a / b for a, b in zip(figures["on"], figures["off"], strict=True)]
+    bench.rows.append(
+        Row(
+            "9",
+            f"one `pipeline router` alone, {calls:,} calls backlog, transactions on (calls/s)",
+            fmt(median(figures["on"])),
+            f"transactions off: {fmt(median(figures['off']))}",
+            fmt(median(ratios)),
+            "reference",
+            None,
+            [f"{a:,.0f}/{b:,.0f}" for a, b in zip(figures["on"], figures["off"], strict=True)],
+        )
+    )
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -521,6 +621,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "6": section_retry,
     "4": section_ingest,  # also 5
     "7": section_rss,
+    "9": section_router,
 }
 
 

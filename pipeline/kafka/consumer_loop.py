@@ -12,8 +12,7 @@ Why it is shaped like this:
   re-delivers what was in flight plus what finished since the last commit, and never skips anything
   (at-least-once).
 - ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
-  the loop then only keeps count of what is in flight. ``abandon(taken)`` leaves a record, and what
-  follows it in its partition, to the partition's next owner (after the handler was fenced).
+  the loop then only keeps count of what is in flight.
 - Back-pressure: with ``max_in_flight`` records unfinished the loop stops taking more.
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
@@ -144,12 +143,6 @@ class ConsumerLoop:
         return partition.generation == taken._generation and (
             self._partitions.get(taken.key) is partition
         )
-
-    def abandon(self, taken: Taken) -> None:
-        """Leave ``taken``, and the records after it taken so far from its partition, to the
-        partition's next owner: they no longer count as in flight, and must not be finished."""
-        if self.owns(taken):
-            self._forget_from(taken._partition, taken.offset)
 
     def group_metadata(self) -> Any:
         """The consumer's group metadata, for ``send_offsets_to_transaction``."""

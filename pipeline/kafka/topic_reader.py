@@ -80,9 +80,7 @@ class TopicReader:
         return sorted(found.partitions)
 
     def assign(self, partitions: Iterable[int]) -> None:
-        self._consumer.assign(
-            [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
-        )
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
 
     def poll(self, timeout: float, max_records: int = 10_000) -> tuple[list[Message], set[int]]:
         """Records fetched within ``timeout`` (``consume`` waits all of it unless the batch

@@ -6,7 +6,7 @@ Hand-off, with transactions (the default): a batch is split by input partition, 
 delivery records are produced and its consumed offset committed in one Kafka transaction
 (``PartitionTransactions``); the parts commit side by side. A router killed at any moment neither
 loses nor doubles a delivery record; one that was fenced (its partition has a new owner) leaves the
-part to that owner and routes nothing more of that partition until it is assigned it again.
+part to that owner and routes nothing more of that partition (see ``_commit_part``).
 
 Without transactions (``PIPELINE_TRANSACTIONS=off``): a batch is finished once Kafka acknowledged
 every record it produced, and the consumer loop commits; a crash routes again what was routed since
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -53,14 +54,18 @@ class RouterHandler:
         stop: asyncio.Event,
         codec: RecordCodec | None = None,
         transactions: Callable[[str, int], PartitionTransactions] | None = None,
+        retake_after: float = 45.0,
     ) -> None:
         """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
-        off in transactions; the consumer loop must then not commit (``commits=False``)."""
+        off in transactions; the consumer loop must then not commit (``commits=False``).
+        ``retake_after``: how long a fenced partition waits before it is taken back if it is
+        still assigned here (a session timeout: a zombie knows it lost it by then)."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
         self._stop = stop
         self._new_transactions = transactions
+        self._retake_after = retake_after
         self._transactions: dict[TP, PartitionTransactions] = {}
         # Transactions block; the parts of a batch commit side by side on these threads.
         self._threads = ThreadPoolExecutor(8, thread_name_prefix="router-transactions")
@@ -132,13 +137,22 @@ class RouterHandler:
             except Fenced as exc:
                 if not transactions.closed:
                     log.warning(
-                        "router: %s[%d] fenced: another router owns it now and routes its calls "
-                        "from the last commit (%s)",
+                        "router: %s[%d] fenced (%s): another router took it over; this one "
+                        "routes none of it, and takes it back in %.0f s only if it is still "
+                        "assigned here then",
                         *key,
                         exc,
+                        self._retake_after,
                     )
                     metrics.ROUTER_FENCED.inc()
-                loop.abandon(part[0])
+                # A zombie learns that it lost the partition long before the pause ends (its
+                # next heartbeat is refused), and the resume is then cancelled. Still assigned
+                # here then, the fence was not a new owner's (a broker can fence a producer whose
+                # transaction timed out): start again from the last commit, with a new producer.
+                loop.defer(part[0], time.time() + self._retake_after)
+                if self._transactions.get(key) is transactions:
+                    del self._transactions[key]
+                    self._threads.submit(transactions.close)
                 return
             except TransactionFailed as exc:
                 self._aborted.inc()

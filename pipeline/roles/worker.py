@@ -67,6 +67,7 @@ async def run_roles(
                 transactions=partial(PartitionTransactions, settings)
                 if settings.transactions
                 else None,
+                retake_after=settings.session_timeout or 45.0,
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(

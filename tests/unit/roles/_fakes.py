@@ -62,13 +62,8 @@ class FakeLoop:
     def finish(self, record: Taken) -> None:
         self.finished.append(record)
 
-    abandoned: list[Taken] = field(default_factory=list)
-
     def owns(self, record: Taken) -> bool:
         return record.key not in self.lost
-
-    def abandon(self, record: Taken) -> None:
-        self.abandoned.append(record)
 
     def group_metadata(self) -> str:
         return "group-metadata"
