@@ -77,6 +77,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         PIPELINE_ALLOWED_NETWORKS=",".join(settings.allowed_networks),
         PIPELINE_CIRCUIT_FAILURES=str(settings.circuit_failures),
         PIPELINE_CIRCUIT_COOL_DOWN=f"{settings.circuit_cool_down}s",
+        PIPELINE_MAX_IN_FLIGHT=str(settings.max_in_flight),
+        PIPELINE_TRANSACTIONS="on" if settings.transactions else "off",
+        PIPELINE_COMMIT_INTERVAL=f"{settings.commit_interval}s",
     )
     return env
 

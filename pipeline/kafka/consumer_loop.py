@@ -13,7 +13,8 @@ Why it is shaped like this:
   (at-least-once).
 - ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
   the loop then only keeps count of what is in flight.
-- Back-pressure: with ``max_in_flight`` records unfinished the loop stops taking more.
+- Back-pressure: the loop never holds more than ``max_in_flight`` records unfinished (a batch takes
+  at most the room left).
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
   starts from that position (duplicates possible, loss not).
@@ -182,9 +183,9 @@ class ConsumerLoop:
                     self._capacity.clear()
                     await _wait_any(self._capacity, stop, timeout=self._commit_interval)
                 else:
-                    messages = await self._on_consumer(
-                        self._consumer.consume, self._batch_size, 0.1
-                    )
+                    # Never more than the room left: the limit bounds what a crash repeats.
+                    room = min(self._batch_size, self._max_in_flight - self._in_flight)
+                    messages = await self._on_consumer(self._consumer.consume, room, 0.1)
                     batch = self._take(messages)
                     if batch:
                         await self.handler.handle(batch, self)

@@ -4,10 +4,14 @@ offsets are committed by its transactions."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.core.settings import Settings
-from pipeline.kafka.clients import consumer_config, topics_for
+from pipeline.kafka.clients import consumer_config, make_producer, topics_for
+from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.topic_reader import read_topic
 from tests.support import apply, send_calls, simple_config, stays, wait_for
 
@@ -68,3 +72,55 @@ def test_the_commit_interval_is_the_one_set(settings, receiver_factory, worker_f
     assert stays(lambda: committed(settings, "deliver", topics.deliveries) != delivered, 2.0)
     worker.stop()  # a clean stop commits at once
     assert committed(settings, "deliver", topics.deliveries) == delivered
+
+
+def test_the_loop_never_holds_more_than_max_in_flight(settings):
+    """A handler that finishes nothing gets exactly ``max_in_flight`` records, however many wait
+    (a batch takes only the room left), and more as soon as it finishes some."""
+    topics = topics_for(settings)
+    producer = make_producer(settings)
+    for i in range(200):
+        producer.produce(topics.deliveries, b"x", f"k{i}".encode())
+    producer.flush(10)
+
+    class Holding:
+        role = "deliver"
+
+        def __init__(self) -> None:
+            self.taken: list[Taken] = []
+
+        def topics(self) -> list[str]:
+            return [topics.deliveries]
+
+        async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+            self.taken.extend(batch)
+
+        def released(self, keys: object) -> None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    async def main() -> tuple[int, int]:
+        handler = Holding()
+        loop = ConsumerLoop(settings, f"{settings.topic_prefix}holding", handler, max_in_flight=7)
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        deadline = time.monotonic() + 30
+        while len(handler.taken) < 7 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # several consume rounds: none may take more
+        held = len(handler.taken)
+        for taken in handler.taken[:3]:
+            loop.finish(taken)
+        while len(handler.taken) < held + 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        after = len(handler.taken)
+        stop.set()
+        for taken in handler.taken[3:]:
+            loop.finish(taken)
+        await running
+        return held, after
+
+    assert asyncio.run(main()) == (7, 10)
