@@ -63,7 +63,14 @@ def settings(broker: EmbeddedBroker) -> Settings:
 def receiver_factory() -> Iterator[Callable[..., Receiver]]:
     server = ServerThread()
 
-    def make(default: Any = 200, *, ssl_context: Any = None, path: str = "/hook") -> Receiver:
+    def make(
+        default: Any = 200,
+        *,
+        ssl_context: Any = None,
+        path: str = "/hook",
+        delay: float = 0.0,
+    ) -> Receiver:
+        """``delay``: seconds each request waits before it is answered (after it is recorded)."""
         receiver = Receiver(url="", default=default)
 
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -77,6 +84,8 @@ def receiver_factory() -> Iterator[Callable[..., Receiver]]:
                 )
             if answer == "hang":
                 await asyncio.sleep(3600)
+            if delay:
+                await asyncio.sleep(delay)
             status, headers = answer if isinstance(answer, tuple) else (answer, {})
             return web.Response(
                 status=status, text="ok" if status < 300 else "nope", headers=headers
