@@ -14,7 +14,7 @@ Why it is shaped like this:
 - ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
   the loop then only keeps count of what is in flight.
 - Back-pressure: the loop never holds more than ``max_in_flight`` records unfinished (a batch takes
-  at most the room left).
+  at most the room left); once full, it takes more when a tenth of the limit is free again.
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
   starts from that position (duplicates possible, loss not).
@@ -107,6 +107,9 @@ class ConsumerLoop:
         self._settings = settings
         self._max_in_flight = max_in_flight or settings.max_in_flight
         self._batch_size = batch_size
+        # Full, the loop takes more only once a tenth of the limit (at most a batch) is free:
+        # batches of a few records each would cost a consume round trip apiece.
+        self._refill_at = self._max_in_flight - min(batch_size, max(1, self._max_in_flight // 10))
         self._commit_interval = commit_interval or settings.commit_interval
         self._commits = commits
         self._revoke_grace = (
@@ -134,7 +137,7 @@ class ConsumerLoop:
         partition.offsets.finish(taken.offset)
         self._in_flight -= 1
         self._gauge.dec()
-        if self._in_flight < self._max_in_flight:
+        if self._in_flight <= self._refill_at:
             self._capacity.set()
 
     def owns(self, taken: Taken) -> bool:
@@ -179,7 +182,7 @@ class ConsumerLoop:
         next_commit = Deadline.after(self._commit_interval)
         try:
             while not stop.is_set():
-                if self._in_flight >= self._max_in_flight:
+                if self._in_flight > self._refill_at:
                     self._capacity.clear()
                     await _wait_any(self._capacity, stop, timeout=self._commit_interval)
                 else:
@@ -232,7 +235,7 @@ class ConsumerLoop:
         # Records at and after it were never started; they are taken again after the seek.
         self._in_flight -= dropped
         self._gauge.dec(dropped)
-        if self._in_flight < self._max_in_flight:
+        if self._in_flight <= self._refill_at:
             self._capacity.set()
 
     def _resume(self, key: TP, partition: _Partition) -> None:
@@ -326,7 +329,7 @@ class ConsumerLoop:
             partition.generation += 1
             self._in_flight -= unfinished
             self._gauge.dec(unfinished)
-        if self._in_flight < self._max_in_flight:
+        if self._in_flight <= self._refill_at:
             self._capacity.set()
         self.handler.released(keys)
         return offsets
