@@ -82,6 +82,10 @@ class Handler(Protocol):
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
         """Start work on ``batch``; call ``loop.finish`` for each record once it is durable."""
 
+    def assigned(self, keys: Sequence[TP]) -> None:
+        """The partitions ``keys`` are being assigned (on the consumer thread, before their
+        committed offsets are read): prepare for them, blocking if need be."""
+
     def released(self, keys: Sequence[TP]) -> None:
         """The partitions ``keys`` were revoked or lost: their records are no longer ours."""
 
@@ -269,6 +273,7 @@ class ConsumerLoop:
             self.handler.role,
             ", ".join(f"{p.topic}[{p.partition}]" for p in partitions),
         )
+        self.handler.assigned([(p.topic, p.partition) for p in partitions])
         loop = self._require_loop()
         loop.call_soon_threadsafe(self.assigned.set)
         # Partitions we still hold paused (kept across a cooperative rebalance): pause again.

@@ -83,6 +83,14 @@ class PartitionTransactions:
             except KafkaException as exc:
                 self._failed(producer, exc.args[0])
 
+    def prepare(self) -> None:
+        """Take the id now (``init_transactions``): a partition's new owner does this before it
+        reads the partition's committed offset, which a transaction left open by the last owner
+        would hold back (read_committed readers ask for stable offsets)."""
+        with self._lock:
+            if not (self.fenced or self.closed):
+                self._ready_producer()
+
     def close(self) -> None:
         """Drop the producer (after any transaction in progress on another thread)."""
         with self._lock:

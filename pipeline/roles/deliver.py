@@ -189,6 +189,9 @@ class DeliveryHandler:
         self.fatal = exc
         self._stop.set()
 
+    def assigned(self, keys: Sequence[tuple[str, int]]) -> None:
+        return None
+
     def released(self, keys: Sequence[tuple[str, int]]) -> None:
         return None  # what is in flight finishes; the loop ignores records of released partitions
 

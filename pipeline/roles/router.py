@@ -166,6 +166,22 @@ class RouterHandler:
         for taken in part:
             loop.finish(taken)
 
+    def assigned(self, keys: Sequence[TP]) -> None:
+        """On the consumer thread, before the partitions' committed offsets are read: take each
+        one's transactional id now. That ends a transaction the last owner left open (killed
+        between sending its offsets and committing); until then a read_committed consumer's
+        offset fetch for the partition is refused as unstable, and it would never start."""
+        if self._new_transactions is None:
+            return
+        for key in keys:
+            transactions = self._transactions.get(key)
+            if transactions is None:
+                transactions = self._transactions[key] = self._new_transactions(*key)
+            try:
+                transactions.prepare()
+            except (TransactionFailed, Fenced) as exc:  # the first commit tries again
+                log.warning("router: could not take %s[%d] over yet: %s", *key, exc)
+
     def released(self, keys: Sequence[TP]) -> None:
         """Revoked or lost partitions: their producers go (after any commit in progress)."""
         for key in keys:

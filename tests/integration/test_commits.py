@@ -95,6 +95,9 @@ def test_the_loop_never_holds_more_than_max_in_flight(settings):
         async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
             self.taken.extend(batch)
 
+        def assigned(self, keys: object) -> None:
+            return None
+
         def released(self, keys: object) -> None:
             return None
 

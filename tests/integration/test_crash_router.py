@@ -121,8 +121,10 @@ def wait_or_tell(
     logs: dict[str, Stderr],
     receiver: Receiver,
     interval: float = 0.05,
+    settings: Settings | None = None,
 ) -> None:
-    """``wait_for``; when it fails, the message tells the progress and the processes' last lines."""
+    """``wait_for``; when it fails, the message tells the progress, the processes' last lines and
+    (given ``settings``) where each group stands in its topic."""
     try:
         wait_for(predicate, timeout=timeout, interval=interval)
     except AssertionError as exc:
@@ -130,7 +132,43 @@ def wait_or_tell(
             f"\n--- {name}:\n" + "\n".join(log.lines[-12:]) for name, log in logs.items()
         )
         progress = f"{unique_2xx(receiver)} of {CALLS} delivered, {receiver.count()} requests"
-        raise AssertionError(f"{exc}\n{progress}{tails}") from None
+        where = "" if settings is None else f"\n{positions(settings)}"
+        raise AssertionError(f"{exc}\n{progress}{where}{tails}") from None
+
+
+def positions(settings: Settings) -> str:
+    """Per partition: records a read_committed reader sees, records present (read_uncommitted),
+    and the group's committed offset; for calls (router) and deliveries (deliver)."""
+    topics = topics_for(settings)
+    lines = []
+    for role, topic in (("router", topics.calls), ("deliver", topics.deliveries)):
+        seen = {level: Counter[int]() for level in ("read_committed", "read_uncommitted")}
+        for level, counts in seen.items():
+            consumer = Consumer(
+                consumer_config(settings, f"peek-{level}", **{"isolation.level": level})
+            )
+            try:
+                consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
+                quiet = time.monotonic() + 3
+                while time.monotonic() < quiet:
+                    for message in consumer.consume(500, 0.2):
+                        if message.error() is None and message.partition() is not None:
+                            counts[message.partition()] += 1
+                            quiet = time.monotonic() + 1
+            finally:
+                consumer.close()
+        consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}"))
+        try:
+            wanted = [TopicPartition(topic, p) for p in range(settings.partitions)]
+            committed = {tp.partition: tp.offset for tp in consumer.committed(wanted, timeout=10)}
+        finally:
+            consumer.close()
+        for p in range(settings.partitions):
+            lines.append(
+                f"{topic}[{p}]: {seen['read_committed'][p]} committed-visible, "
+                f"{seen['read_uncommitted'][p]} present, {role} at {committed.get(p)}"
+            )
+    return "\n".join(lines)
 
 
 def start(
@@ -238,7 +276,7 @@ def kill_router_mid_stream(
     _, successor_log = start(process_factory, settings, "router", router_env)
     sender.finish()
     logs = {"killed router": router_log, "deliver": deliver_log, "new router": successor_log}
-    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver)
+    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver, settings=settings)
     wait_or_tell(lambda: caught_up(settings), 45, logs, receiver, interval=0.5)
     return receiver, at_kill, sent
 
@@ -294,7 +332,7 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_produces_nothing
     _, successor_log = start(process_factory, settings, "router")
     sender.finish()
     logs = {"stopped router": zombie_log, "deliver": deliver_log, "new router": successor_log}
-    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver)
+    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver, settings=settings)
     wait_or_tell(lambda: caught_up(settings), 45, logs, receiver, interval=0.5)
     before = sum(delivery_records(settings).values())
 

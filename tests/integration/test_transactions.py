@@ -3,6 +3,9 @@ new owner of a partition fences the old one, whose later commits are refused and
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -13,7 +16,7 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config, make_producer, topics_for
 from pipeline.kafka.topic_reader import read_topic
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, transactional_id
-from tests.support import wait_for
+from tests.support import ROOT, apply, send_calls, settings_env, simple_config, wait_for
 
 
 @pytest.fixture
@@ -89,3 +92,64 @@ def test_another_partition_is_not_fenced(settings, member):
         first.close()
         second.close()
     assert len(values(settings)) == 3
+
+
+#: A router that dies by SIGKILL between sending its offsets and committing: its transaction stays
+#: open, holding the group's offsets for those partitions as "unstable".
+_DIES_MID_TRANSACTION = """
+import os, signal, sys
+from confluent_kafka import Consumer, Producer, TopicPartition
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import consumer_config, producer_config, topics_for
+from pipeline.kafka.transactions import transactional_id
+
+settings = Settings.from_env()
+topics = topics_for(settings)
+consumer = Consumer(consumer_config(settings, settings.topic_prefix + "router"))
+consumer.subscribe([topics.calls])
+taken = {}
+while len(taken) < settings.partitions:
+    for message in consumer.consume(10, 0.5):
+        if message.error() is None:
+            taken[message.partition()] = message.offset()
+for partition, offset in taken.items():
+    tid = transactional_id(settings, topics.calls, partition)
+    producer = Producer(producer_config(settings, **{"transactional.id": tid}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topics.dlq, b"left open")
+    producer.flush(10)
+    offsets = [TopicPartition(topics.calls, partition, offset + 1)]
+    producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+    producer.poll(0)
+print("open", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_router_killed_before_its_commit_does_not_hold_its_successor_back(
+    settings, receiver_factory, worker_factory
+):
+    calls = topics_for(settings).calls
+    receiver = receiver_factory()
+    apply(settings, simple_config(receiver.url))
+    producer = make_producer(settings)
+    for partition in range(settings.partitions):
+        producer.produce(calls, b"not a call", partition=partition)
+    producer.flush(10)
+    child = subprocess.run(
+        [sys.executable, "-c", _DIES_MID_TRANSACTION],
+        env=settings_env(settings),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL and b"open" in child.stdout, child.stderr[-2000:]
+
+    worker_factory(settings, ("router", "deliver"))
+    send_calls(
+        settings, [{"type": "track", "userId": f"u{i}", "event": "E"} for i in range(30)], "wk"
+    )
+    # The new router takes each partition's id on assignment, which ends the open transaction;
+    # without that its offset fetch is refused as unstable, and nothing is ever routed.
+    wait_for(lambda: receiver.count() == 30, timeout=60)

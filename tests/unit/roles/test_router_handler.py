@@ -101,6 +101,10 @@ class FakeTransactions:
     commits: list[tuple[list[Any], int, Any]] = field(default_factory=list)
     fenced: bool = False
     closed: bool = False
+    prepared: int = 0
+
+    def prepare(self) -> None:
+        self.prepared += 1
 
     def commit(self, records: Sequence[Any], *, next_offset: int, group: Any) -> None:
         if self.fenced:
@@ -213,5 +217,29 @@ def test_a_released_partition_gives_its_producer_up_and_a_new_assignment_makes_a
         first, second = router.made
         await handler.aclose()
         assert first.closed and [c[1] for c in second.commits] == [6]
+
+    asyncio.run(go())
+
+
+def test_assigned_partitions_take_their_transactional_ids_before_any_record() -> None:
+    router = Transactional()
+
+    async def go() -> None:
+        handler = RouterHandler(
+            topics=TOPICS,
+            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
+            producer=router.producer,  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=CODEC,
+            transactions=router.new,  # type: ignore[arg-type]
+        )
+        handler.assigned([(TOPICS.calls, 0), (TOPICS.calls, 2)])
+        assert [(t.partition, t.prepared, t.commits) for t in router.made] == [
+            (0, 1, []),
+            (2, 1, []),
+        ]
+        await handler.handle(calls(2, range(3)), router.loop)  # type: ignore[arg-type]
+        assert len(router.made) == 2 and [c[1] for c in router.made[1].commits] == [3]
+        await handler.aclose()
 
     asyncio.run(go())
