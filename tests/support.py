@@ -473,3 +473,161 @@ def require_system_tools(*tools: str) -> None:
             f"(it needs root and Debian's package registry).\n{output}",
             pytrace=False,
         )
+
+
+# ---- crash tests: a stream of calls, processes' logs, final figures ------------------------------
+
+
+def crash_calls(count: int) -> list[dict[str, Any]]:
+    """``count`` track calls with message ids ``m-0`` … spread over 97 users."""
+    return [
+        {"type": "track", "userId": f"u{i % 97}", "event": "Crash", "messageId": f"m-{i}"}
+        for i in range(count)
+    ]
+
+
+class ChunkedSender(threading.Thread):
+    """Sends ``calls`` in chunks in the background (``pace`` seconds between chunks: load pacing,
+    so a kill lands mid-stream); ``sent`` counts what Kafka acknowledged so far."""
+
+    def __init__(
+        self, settings: Settings, calls: list[dict[str, Any]], chunk: int, pace: float = 0.0
+    ) -> None:
+        super().__init__(daemon=True)
+        self.settings, self.calls, self.chunk, self.pace = settings, calls, chunk, pace
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for start in range(0, len(self.calls), self.chunk):
+                part = self.calls[start : start + self.chunk]
+                send_calls(self.settings, part, "wk")
+                self.sent += len(part)
+                time.sleep(self.pace)
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+
+    def finish(self, timeout: float = 60.0) -> None:
+        self.join(timeout)
+        assert not self.is_alive(), f"sending did not finish within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        assert self.sent == len(self.calls)
+
+
+class Stderr:
+    """Drains a process's stderr into ``lines`` on a thread (a full pipe would block it)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.lines: list[str] = []
+        self._stream = process.stderr
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        if self._stream is None:
+            return
+        try:
+            for line in iter(self._stream.readline, b""):
+                self.lines.append(line.decode(errors="replace").rstrip())
+        except (ValueError, OSError):  # closed by the fixture at the end of the test
+            pass
+
+    def assigned(self, role: str) -> bool:
+        """Whether ``role`` was assigned at least one partition."""
+        return any(f"{role}: assigned " in line and "[" in line for line in list(self.lines))
+
+    def has(self, word: str) -> bool:
+        return any(word in line for line in list(self.lines))
+
+
+def started(
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    settings: Settings,
+    role: str,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], Stderr]:
+    """``pipeline ROLE`` as a subprocess, its stderr drained into a ``Stderr``."""
+    process = process_factory(settings, role, env=env)
+    return process, Stderr(process)
+
+
+def ready(*logs: tuple[Stderr, str]) -> None:
+    """Each (process, role) owns partitions: a stream started only then is not a backlog."""
+    wait_for(lambda: all(log.assigned(role) for log, role in logs), timeout=60, interval=0.1)
+
+
+def unique_delivered(receiver: Receiver) -> int:
+    """Message ids the receiver answered with a 2xx."""
+    return len({body["messageId"] for body in receiver.delivered()})
+
+
+def group_positions(settings: Settings, role: str, topic: str) -> dict[int, int]:
+    """The committed offset of ``role``'s group on each partition of ``topic`` that has one."""
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}"))
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(partition_count(settings, topic))]
+        committed = consumer.committed(partitions, timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+
+def partition_count(settings: Settings, topic: str) -> int:
+    topics = topics_for(settings)
+    return settings.retry_partitions if topic in topics.retry else settings.partitions
+
+
+def caught_up(settings: Settings, roles: dict[str, list[str]]) -> bool:
+    """Each role's group committed the end of each topic it reads (``role → topics``): nothing
+    is left to be processed again, so figures taken now are final."""
+    from pipeline.kafka.topic_reader import read_topic as read_to_end
+
+    for role, topics in roles.items():
+        for topic in topics:
+            ends: dict[int, int] = {}
+            for record in read_to_end(settings, topic):
+                partition, offset = record.partition(), record.offset()
+                assert partition is not None and offset is not None
+                ends[partition] = max(ends.get(partition, 0), offset + 1)
+            positions = group_positions(settings, role, topic) if ends else {}
+            if any(positions.get(p, -1) < end for p, end in ends.items()):
+                return False
+    return True
+
+
+def wait_or_tell(
+    predicate: Callable[[], Any],
+    timeout: float,
+    logs: dict[str, Stderr],
+    progress: Callable[[], str],
+    interval: float = 0.05,
+) -> None:
+    """``wait_for``; when it fails, the message gives ``progress()`` and each process's last
+    lines."""
+    try:
+        wait_for(predicate, timeout=timeout, interval=interval)
+    except AssertionError as exc:
+        tails = "".join(
+            f"\n--- {name}:\n" + "\n".join(log.lines[-12:]) for name, log in logs.items()
+        )
+        raise AssertionError(f"{exc}\n{progress()}{tails}") from None
+
+
+def delivery_figures(
+    name: str, receiver: Receiver, calls: int, bound: int | None, at_kill: int, details: str
+) -> int:
+    """Prints ``name: sent N, delivered U unique, D duplicates (bound B), at kill K (details)``,
+    asserts that no call (``m-0`` … ``m-{calls-1}``) was lost; returns the duplicates among the
+    receiver's 2xx answers."""
+    seen: dict[str, int] = {}
+    for body in receiver.delivered():
+        seen[body["messageId"]] = seen.get(body["messageId"], 0) + 1
+    duplicates = sum(n - 1 for n in seen.values())
+    print(
+        f"\n{name}: sent {calls}, delivered {len(seen)} unique, {duplicates} duplicates "
+        f"(bound {'none' if bound is None else bound}), at kill {at_kill} ({details})"
+    )
+    missing = {f"m-{i}" for i in range(calls)} - set(seen)
+    assert not missing, f"{len(missing)} calls lost, e.g. {sorted(missing)[:5]}"
+    return duplicates

@@ -177,10 +177,15 @@ class RouterHandler:
             transactions = self._transactions.get(key)
             if transactions is None:
                 transactions = self._transactions[key] = self._new_transactions(*key)
+            started = time.monotonic()
             try:
                 transactions.prepare()
             except (TransactionFailed, Fenced) as exc:  # the first commit tries again
                 log.warning("router: could not take %s[%d] over yet: %s", *key, exc)
+                continue
+            took = time.monotonic() - started
+            if took > 5:  # the broker was ending the last owner's transaction, or is struggling
+                log.warning("router: taking %s[%d] over took %.1f s", *key, took)
 
     def released(self, keys: Sequence[TP]) -> None:
         """Revoked or lost partitions: their producers go (after any commit in progress)."""

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -26,7 +24,23 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config, topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.topic_reader import read_topic
-from tests.support import Receiver, apply, send_calls, simple_config, stays, wait_for
+from tests.support import (
+    ChunkedSender,
+    Receiver,
+    Stderr,
+    apply,
+    caught_up,
+    crash_calls,
+    delivery_figures,
+    group_positions,
+    ready,
+    simple_config,
+    started,
+    stays,
+    unique_delivered,
+    wait_for,
+    wait_or_tell,
+)
 
 #: A kill costs a session timeout (6 s) and a group join before the work goes on; the final waits
 #: (90 s) fail with the processes' logs before pytest's own timeout does.
@@ -56,84 +70,28 @@ def router_bound() -> int:
     return OPEN_TRANSACTION
 
 
-def all_calls() -> list[dict[str, Any]]:
-    return [
-        {"type": "track", "userId": f"u{i % 97}", "event": "Crash", "messageId": f"m-{i}"}
-        for i in range(CALLS)
-    ]
+def progress(receiver: Receiver, settings: Settings) -> Callable[[], str]:
+    """What a failed wait tells: the deliveries so far and where each group stands."""
+    return lambda: (
+        f"{unique_delivered(receiver)} of {CALLS} delivered, {receiver.count()} requests\n"
+        + positions(settings)
+    )
 
 
-class PacedSender(threading.Thread):
-    """Sends the calls in chunks with a short pause between them, in the background."""
-
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(daemon=True)
-        self.settings = settings
-        self.sent = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        calls = all_calls()
-        try:
-            for start in range(0, len(calls), CHUNK):
-                send_calls(self.settings, calls[start : start + CHUNK], "wk")
-                self.sent += len(calls[start : start + CHUNK])
-                time.sleep(PACE)
-        except BaseException as exc:  # surfaced by finish()
-            self.error = exc
-
-    def finish(self, timeout: float = 60.0) -> None:
-        self.join(timeout)
-        assert not self.is_alive(), f"sending did not finish within {timeout} s"
-        if self.error is not None:
-            raise self.error
-        assert self.sent == CALLS
+def sender(settings: Settings) -> ChunkedSender:
+    """The stream: ``CALLS`` calls in chunks of ``CHUNK``, ``PACE`` apart, started."""
+    stream = ChunkedSender(settings, crash_calls(CALLS), CHUNK, PACE)
+    stream.start()
+    return stream
 
 
-class Stderr:
-    """Drains a process's stderr into ``lines`` on a thread (a full pipe would block it)."""
-
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.lines: list[str] = []
-        self._stream = process.stderr
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        if self._stream is None:
-            return
-        try:
-            for line in iter(self._stream.readline, b""):
-                self.lines.append(line.decode(errors="replace").rstrip())
-        except (ValueError, OSError):  # closed by the fixture at the end of the test
-            pass
-
-    def assigned(self, role: str) -> bool:
-        """Whether ``role`` was assigned at least one partition."""
-        return any(f"{role}: assigned " in line and "[" in line for line in list(self.lines))
-
-    def has(self, word: str) -> bool:
-        return any(word in line for line in list(self.lines))
-
-
-def wait_or_tell(
-    predicate: Callable[[], Any],
-    timeout: float,
-    logs: dict[str, Stderr],
-    receiver: Receiver,
-    interval: float = 0.05,
-    settings: Settings | None = None,
-) -> None:
-    """``wait_for``; when it fails, the message tells the progress, the processes' last lines and
-    (given ``settings``) where each group stands in its topic."""
-    try:
-        wait_for(predicate, timeout=timeout, interval=interval)
-    except AssertionError as exc:
-        tails = "".join(
-            f"\n--- {name}:\n" + "\n".join(log.lines[-12:]) for name, log in logs.items()
-        )
-        progress = f"{unique_2xx(receiver)} of {CALLS} delivered, {receiver.count()} requests"
-        where = "" if settings is None else f"\n{positions(settings)}"
-        raise AssertionError(f"{exc}\n{progress}{where}{tails}") from None
+def everything(settings: Settings, receiver: Receiver, logs: dict[str, Stderr]) -> None:
+    """Wait until every call is delivered and both groups committed the end of their topics."""
+    topics = topics_for(settings)
+    roles = {"router": [topics.calls], "deliver": [topics.deliveries]}
+    told = progress(receiver, settings)
+    wait_or_tell(lambda: unique_delivered(receiver) == CALLS, 90, logs, told)
+    wait_or_tell(lambda: caught_up(settings, roles), 45, logs, told, 0.5)
 
 
 def positions(settings: Settings) -> str:
@@ -149,49 +107,22 @@ def positions(settings: Settings) -> str:
             )
             try:
                 consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
-                quiet = time.monotonic() + 3
+                quiet = time.monotonic() + 3  # the first records, then 1 s after the last
                 while time.monotonic() < quiet:
                     for message in consumer.consume(500, 0.2):
-                        if message.error() is None and message.partition() is not None:
-                            counts[message.partition()] += 1
-                            quiet = time.monotonic() + 1
+                        partition = message.partition()
+                        if message.error() is None and partition is not None:
+                            counts[partition] += 1
+                            quiet = max(quiet, time.monotonic() + 1)
             finally:
                 consumer.close()
-        consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}"))
-        try:
-            wanted = [TopicPartition(topic, p) for p in range(settings.partitions)]
-            committed = {tp.partition: tp.offset for tp in consumer.committed(wanted, timeout=10)}
-        finally:
-            consumer.close()
+        committed = group_positions(settings, role, topic)
         for p in range(settings.partitions):
             lines.append(
                 f"{topic}[{p}]: {seen['read_committed'][p]} committed-visible, "
                 f"{seen['read_uncommitted'][p]} present, {role} at {committed.get(p)}"
             )
     return "\n".join(lines)
-
-
-def start(
-    process_factory: Callable[..., subprocess.Popen[bytes]],
-    settings: Settings,
-    role: str,
-    env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen[bytes], Stderr]:
-    process = process_factory(settings, role, env=env)
-    return process, Stderr(process)
-
-
-def ready(router_log: Stderr, deliver_log: Stderr) -> None:
-    """Both roles own partitions: the stream starts only then, so it is not a backlog."""
-    wait_for(
-        lambda: router_log.assigned("router") and deliver_log.assigned("deliver"),
-        timeout=60,
-        interval=0.1,
-    )
-
-
-def unique_2xx(receiver: Receiver) -> int:
-    return len({body["messageId"] for body in receiver.delivered()})
 
 
 def delivery_records(settings: Settings) -> Counter[str]:
@@ -203,41 +134,8 @@ def delivery_records(settings: Settings) -> Counter[str]:
     )
 
 
-def caught_up(settings: Settings) -> bool:
-    """The router and deliver groups committed the end of what they read: nothing is left to be
-    routed or delivered again, so the figures are final."""
-    topics = topics_for(settings)
-    for role, topic in (("router", topics.calls), ("deliver", topics.deliveries)):
-        ends: dict[int, int] = {}
-        for record in read_topic(settings, topic):
-            partition, offset = record.partition(), record.offset()
-            assert partition is not None and offset is not None
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}{role}"))
-        try:
-            positions = {
-                tp.partition: tp.offset
-                for tp in consumer.committed([TopicPartition(topic, p) for p in ends], timeout=10)
-            }
-        finally:
-            consumer.close()
-        if any(positions.get(p, -1) < end for p, end in ends.items()):
-            return False
-    return True
-
-
 def figures(name: str, receiver: Receiver, bound: int | None, at_kill: int, sent: int) -> int:
-    """Prints the figures; returns the duplicates among the receiver's 2xx answers."""
-    seen = Counter(body["messageId"] for body in receiver.delivered())
-    duplicates = sum(n - 1 for n in seen.values())
-    shown = "none" if bound is None else str(bound)
-    print(
-        f"\n{name}: sent {CALLS}, delivered {len(seen)} unique, {duplicates} duplicates "
-        f"(bound {shown}), at kill {at_kill} ({sent} calls sent then)"
-    )
-    missing = {f"m-{i}" for i in range(CALLS)} - set(seen)
-    assert not missing, f"{len(missing)} calls lost, e.g. {sorted(missing)[:5]}"
-    return duplicates
+    return delivery_figures(name, receiver, CALLS, bound, at_kill, f"{sent} calls sent then")
 
 
 def topic_figures(settings: Settings) -> int:
@@ -261,23 +159,21 @@ def kill_router_mid_stream(
     calls sent by then."""
     receiver = receiver_factory(delay=RECEIVER_DELAY)
     apply(settings, simple_config(receiver.url))
-    router, router_log = start(process_factory, settings, "router", router_env)
-    _, deliver_log = start(process_factory, settings, "deliver", DELIVER_ENV)
-    ready(router_log, deliver_log)
-    sender = PacedSender(settings)
-    sender.start()
+    router, router_log = started(process_factory, settings, "router", router_env)
+    _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
+    ready((router_log, "router"), (deliver_log, "deliver"))
+    stream = sender(settings)
 
     wait_for(lambda: receiver.count() >= CALLS // 3, timeout=60, interval=0.01)
     router.send_signal(signal.SIGKILL)
     router.wait(10)
-    at_kill, sent = receiver.count(), sender.sent
+    at_kill, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the kill: pace it slower"
 
-    _, successor_log = start(process_factory, settings, "router", router_env)
-    sender.finish()
+    _, successor_log = started(process_factory, settings, "router", router_env)
+    stream.finish()
     logs = {"killed router": router_log, "deliver": deliver_log, "new router": successor_log}
-    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver, settings=settings)
-    wait_or_tell(lambda: caught_up(settings), 45, logs, receiver, interval=0.5)
+    everything(settings, receiver, logs)
     return receiver, at_kill, sent
 
 
@@ -317,29 +213,26 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_produces_nothing
 ) -> None:
     receiver = receiver_factory(delay=RECEIVER_DELAY)
     apply(settings, simple_config(receiver.url))
-    zombie, zombie_log = start(process_factory, settings, "router")
-    _, deliver_log = start(process_factory, settings, "deliver", DELIVER_ENV)
-    ready(zombie_log, deliver_log)
-    sender = PacedSender(settings)
-    sender.start()
+    zombie, zombie_log = started(process_factory, settings, "router")
+    _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
+    ready((zombie_log, "router"), (deliver_log, "deliver"))
+    stream = sender(settings)
 
     wait_for(lambda: receiver.count() >= CALLS // 3, timeout=60, interval=0.01)
     zombie.send_signal(signal.SIGSTOP)
-    at_stop, sent = receiver.count(), sender.sent
+    at_stop, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the stop: pace it slower"
 
     # B takes over once A's session (6 s) timed out, and fences A's transactional ids.
-    _, successor_log = start(process_factory, settings, "router")
-    sender.finish()
+    _, successor_log = started(process_factory, settings, "router")
+    stream.finish()
     logs = {"stopped router": zombie_log, "deliver": deliver_log, "new router": successor_log}
-    wait_or_tell(lambda: unique_2xx(receiver) == CALLS, 90, logs, receiver, settings=settings)
-    wait_or_tell(lambda: caught_up(settings), 45, logs, receiver, interval=0.5)
+    everything(settings, receiver, logs)
     before = sum(delivery_records(settings).values())
 
     zombie.send_signal(signal.SIGCONT)
-    wait_or_tell(
-        lambda: zombie_log.has("fenced") or zombie_log.has("lost"), 20, logs, receiver, 0.1
-    )
+    told = progress(receiver, settings)
+    wait_or_tell(lambda: zombie_log.has("fenced") or zombie_log.has("lost"), 20, logs, told, 0.1)
     fenced = zombie_log.has("fenced")
     seen = next(line for line in zombie_log.lines if "fenced" in line or "lost" in line)
     unchanged = stays(lambda: sum(delivery_records(settings).values()) == before, seconds=3.0)

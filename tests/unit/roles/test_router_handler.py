@@ -133,17 +133,20 @@ class Transactional:
         self.made.append(made)
         return made
 
+    def handler(self) -> RouterHandler:
+        return RouterHandler(
+            topics=TOPICS,
+            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
+            producer=self.producer,  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=CODEC,
+            transactions=self.new,  # type: ignore[arg-type]
+            retake_after=6.0,
+        )
+
     def run(self, *batches: list[Any]) -> None:
         async def go() -> None:
-            handler = RouterHandler(
-                topics=TOPICS,
-                follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-                producer=self.producer,  # type: ignore[arg-type]
-                stop=asyncio.Event(),
-                codec=CODEC,
-                transactions=self.new,  # type: ignore[arg-type]
-                retake_after=6.0,
-            )
+            handler = self.handler()
             assert handler.transactional
             for batch in batches:
                 await handler.handle(batch, self.loop)  # type: ignore[arg-type]
@@ -203,14 +206,7 @@ def test_a_released_partition_gives_its_producer_up_and_a_new_assignment_makes_a
     router = Transactional()
 
     async def go() -> None:
-        handler = RouterHandler(
-            topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=router.producer,  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=CODEC,
-            transactions=router.new,  # type: ignore[arg-type]
-        )
+        handler = router.handler()
         await handler.handle(calls(1, range(2)), router.loop)  # type: ignore[arg-type]
         handler.released([(TOPICS.calls, 1)])
         await handler.handle(calls(1, range(5, 6)), router.loop)  # type: ignore[arg-type]
@@ -225,14 +221,7 @@ def test_assigned_partitions_take_their_transactional_ids_before_any_record() ->
     router = Transactional()
 
     async def go() -> None:
-        handler = RouterHandler(
-            topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=router.producer,  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=CODEC,
-            transactions=router.new,  # type: ignore[arg-type]
-        )
+        handler = router.handler()
         handler.assigned([(TOPICS.calls, 0), (TOPICS.calls, 2)])
         assert [(t.partition, t.prepared, t.commits) for t in router.made] == [
             (0, 1, []),
