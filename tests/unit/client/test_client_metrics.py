@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from pipeline.client import Client
+from pipeline.client._metrics import register_collector
 
 
 def _value(name: str, **labels: str) -> float:
@@ -13,6 +14,9 @@ def _value(name: str, **labels: str) -> float:
 
 
 def test_queue_depth_and_dropped_calls_are_exported() -> None:
+    # In the registry before the "before" values are read: the counts are the process's, and an
+    # earlier test in this process may have dropped calls before any client joined the registry.
+    register_collector()
     before_depth = _value("pipeline_client_queue_depth")
     before_full = _value("pipeline_client_dropped_calls_total", reason="queue_full")
     before_closed = _value("pipeline_client_dropped_calls_total", reason="closed")
