@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -594,6 +595,37 @@ def caught_up(settings: Settings, roles: dict[str, list[str]]) -> bool:
             if any(positions.get(p, -1) < end for p, end in ends.items()):
                 return False
     return True
+
+
+def positions(settings: Settings, roles: dict[str, str]) -> str:
+    """Per partition: records a read_committed reader sees, records present (read_uncommitted),
+    and the group's committed offset, for each ``role → topic`` (to tell a stalled group from a
+    stalled reader when a crash test's wait fails)."""
+    lines = []
+    for role, topic in roles.items():
+        seen = {level: Counter[int]() for level in ("read_committed", "read_uncommitted")}
+        for level, counts in seen.items():
+            consumer = Consumer(
+                consumer_config(settings, f"peek-{level}", **{"isolation.level": level})
+            )
+            try:
+                consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
+                quiet = time.monotonic() + 3  # the first records, then 1 s after the last
+                while time.monotonic() < quiet:
+                    for message in consumer.consume(500, 0.2):
+                        partition = message.partition()
+                        if message.error() is None and partition is not None:
+                            counts[partition] += 1
+                            quiet = max(quiet, time.monotonic() + 1)
+            finally:
+                consumer.close()
+        committed = group_positions(settings, role, topic)
+        for p in range(settings.partitions):
+            lines.append(
+                f"{topic}[{p}]: {seen['read_committed'][p]} committed-visible, "
+                f"{seen['read_uncommitted'][p]} present, {role} at {committed.get(p)}"
+            )
+    return "\n".join(lines)
 
 
 def wait_or_tell(

@@ -29,6 +29,7 @@ from tests.support import (
     caught_up,
     crash_calls,
     delivery_figures,
+    positions,
     ready,
     simple_config,
     started,
@@ -84,8 +85,13 @@ def sender(settings: Settings) -> ChunkedSender:
 def everything(settings: Settings, receiver: Receiver, logs: dict[str, Stderr]) -> None:
     """Wait until every call is delivered and every group committed the end of its topics."""
 
+    topics = topics_for(settings)
+
     def progress() -> str:
-        return f"{unique_delivered(receiver)} of {CALLS} delivered, {receiver.count()} requests"
+        return (
+            f"{unique_delivered(receiver)} of {CALLS} delivered, {receiver.count()} requests\n"
+            + positions(settings, {"router": topics.calls, "deliver": topics.deliveries})
+        )
 
     wait_or_tell(lambda: unique_delivered(receiver) == CALLS, 90, logs, progress)
     wait_or_tell(lambda: caught_up(settings, all_roles(settings)), 45, logs, progress, 0.5)

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.core.settings import Settings
-from pipeline.kafka.clients import consumer_config, topics_for
+from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.topic_reader import read_topic
 from tests.support import (
@@ -32,7 +30,7 @@ from tests.support import (
     caught_up,
     crash_calls,
     delivery_figures,
-    group_positions,
+    positions,
     ready,
     simple_config,
     started,
@@ -74,7 +72,10 @@ def progress(receiver: Receiver, settings: Settings) -> Callable[[], str]:
     """What a failed wait tells: the deliveries so far and where each group stands."""
     return lambda: (
         f"{unique_delivered(receiver)} of {CALLS} delivered, {receiver.count()} requests\n"
-        + positions(settings)
+        + positions(
+            settings,
+            {"router": topics_for(settings).calls, "deliver": topics_for(settings).deliveries},
+        )
     )
 
 
@@ -92,37 +93,6 @@ def everything(settings: Settings, receiver: Receiver, logs: dict[str, Stderr]) 
     told = progress(receiver, settings)
     wait_or_tell(lambda: unique_delivered(receiver) == CALLS, 90, logs, told)
     wait_or_tell(lambda: caught_up(settings, roles), 45, logs, told, 0.5)
-
-
-def positions(settings: Settings) -> str:
-    """Per partition: records a read_committed reader sees, records present (read_uncommitted),
-    and the group's committed offset; for calls (router) and deliveries (deliver)."""
-    topics = topics_for(settings)
-    lines = []
-    for role, topic in (("router", topics.calls), ("deliver", topics.deliveries)):
-        seen = {level: Counter[int]() for level in ("read_committed", "read_uncommitted")}
-        for level, counts in seen.items():
-            consumer = Consumer(
-                consumer_config(settings, f"peek-{level}", **{"isolation.level": level})
-            )
-            try:
-                consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
-                quiet = time.monotonic() + 3  # the first records, then 1 s after the last
-                while time.monotonic() < quiet:
-                    for message in consumer.consume(500, 0.2):
-                        partition = message.partition()
-                        if message.error() is None and partition is not None:
-                            counts[partition] += 1
-                            quiet = max(quiet, time.monotonic() + 1)
-            finally:
-                consumer.close()
-        committed = group_positions(settings, role, topic)
-        for p in range(settings.partitions):
-            lines.append(
-                f"{topic}[{p}]: {seen['read_committed'][p]} committed-visible, "
-                f"{seen['read_uncommitted'][p]} present, {role} at {committed.get(p)}"
-            )
-    return "\n".join(lines)
 
 
 def delivery_records(settings: Settings) -> Counter[str]:
