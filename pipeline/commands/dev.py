@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -254,6 +255,9 @@ def run_dev(
         session_timeout=settings.session_timeout or 6.0,
         # The demo receiver is on loopback, which the SSRF guard blocks by default.
         allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
+        # The embedded broker's transactions can leave a committed transaction unreadable for
+        # read_committed consumers (docs/decisions.md): off here unless asked for.
+        transactions=settings.transactions and "PIPELINE_TRANSACTIONS" in os.environ,
     )
     tune_for_throughput()
     asyncio.run(

@@ -53,6 +53,9 @@ def settings(broker: EmbeddedBroker) -> Settings:
         delivery_timeout=1.0,
         # The SSRF guard blocks loopback by default; test receivers live on 127.0.0.1.
         allowed_networks=("127.0.0.0/8",),
+        # As `pipeline dev` on the embedded broker: its transactions can stall read_committed
+        # readers (docs/decisions.md); the transaction tests turn them on themselves.
+        transactions=False,
         circuit_cool_down=1.0,
     )
     create_topics(settings)
@@ -185,6 +188,7 @@ def shared_settings(broker: EmbeddedBroker) -> Settings:
         partitions=3,
         retry_partitions=1,
         session_timeout=6.0,
+        transactions=False,  # as in ``settings``
     )
     create_topics(settings)
     apply(settings, ingest_config())

@@ -54,7 +54,7 @@ def deliver_all(settings, receiver_factory, worker_factory):
 def test_deliver_commits_what_it_finished_within_the_interval(
     settings, receiver_factory, worker_factory
 ):
-    settings = settings.replace(commit_interval=0.1)
+    settings = settings.replace(commit_interval=0.1, transactions=True)
     deliver_all(settings, receiver_factory, worker_factory)
     topics = topics_for(settings)
     delivered = ends(settings, topics.deliveries)

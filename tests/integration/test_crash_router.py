@@ -53,6 +53,7 @@ CHUNK = 750
 PACE = 0.05
 #: The deliver role's in-flight limit and the receiver's answer delay: it keeps up with the router,
 #: so the receiver's count follows the delivery records the router produced.
+TRANSACTIONS_ON = {"PIPELINE_TRANSACTIONS": "on"}
 DELIVER_ENV = {"PIPELINE_MAX_IN_FLIGHT": "100", "PIPELINE_COMMIT_INTERVAL": "100ms"}
 RECEIVER_DELAY = 0.01
 #: What one router transaction can hold (one consume batch): the tansu allowance, 0 on Kafka.
@@ -153,7 +154,7 @@ def test_sigkill_of_the_router_doubles_at_most_one_open_transaction(
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     receiver, at_kill, sent = kill_router_mid_stream(
-        settings, receiver_factory, process_factory, {"PIPELINE_TRANSACTIONS": "on"}
+        settings, receiver_factory, process_factory, TRANSACTIONS_ON
     )
     bound = router_bound()
     duplicates = figures("SIGKILL router (transactions)", receiver, bound, at_kill, sent)
@@ -176,14 +177,19 @@ def test_sigkill_of_the_router_without_transactions_loses_nothing(
     print("  transactions off: no bound; compare with the transactional run")
 
 
-def test_a_stopped_router_resumed_after_its_successor_took_over_produces_nothing(
+def test_a_stopped_router_resumed_after_its_successor_took_over_is_fenced(
     settings: Settings,
     receiver_factory: Callable[..., Receiver],
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
+    """A router stopped (SIGSTOP) mid-stream is a zombie once its session expired and another
+    took its partitions over. Resumed, it is fenced or learns that it lost them, and it produces
+    nothing afterwards. (On tansu a stopped producer's open transaction holds read_committed
+    readers back until it is resumed; Apache Kafka aborts it when the successor takes the id.
+    The refusal itself is shown deterministically in test_transactions.py.)"""
     receiver = receiver_factory(delay=RECEIVER_DELAY)
     apply(settings, simple_config(receiver.url))
-    zombie, zombie_log = started(process_factory, settings, "router")
+    zombie, zombie_log = started(process_factory, settings, "router", TRANSACTIONS_ON)
     _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
     ready((zombie_log, "router"), (deliver_log, "deliver"))
     stream = sender(settings)
@@ -193,27 +199,25 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_produces_nothing
     at_stop, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the stop: pace it slower"
 
-    # B takes over once A's session (6 s) timed out, and fences A's transactional ids.
-    _, successor_log = started(process_factory, settings, "router")
-    stream.finish()
+    # B takes over once A's session (6 s) timed out, and takes A's transactional ids.
+    _, successor_log = started(process_factory, settings, "router", TRANSACTIONS_ON)
     logs = {"stopped router": zombie_log, "deliver": deliver_log, "new router": successor_log}
-    everything(settings, receiver, logs)
-    before = sum(delivery_records(settings).values())
-
-    zombie.send_signal(signal.SIGCONT)
     told = progress(receiver, settings)
+    wait_or_tell(lambda: successor_log.assigned("router"), 60, logs, told, 0.1)
+    zombie.send_signal(signal.SIGCONT)
+    stream.finish()
+    everything(settings, receiver, logs)
     wait_or_tell(lambda: zombie_log.has("fenced") or zombie_log.has("lost"), 20, logs, told, 0.1)
     fenced = zombie_log.has("fenced")
     seen = next(line for line in zombie_log.lines if "fenced" in line or "lost" in line)
+    before = sum(delivery_records(settings).values())
     unchanged = stays(lambda: sum(delivery_records(settings).values()) == before, seconds=3.0)
-    after = sum(delivery_records(settings).values())
 
     bound = router_bound()
     duplicates = figures("SIGSTOP router, successor, SIGCONT", receiver, bound, at_stop, sent)
     topic_figures(settings)
     print(
-        f"  zombie saw {'fenced' if fenced else 'only lost'}; deliveries topic {before} records "
-        f"before SIGCONT, {after} after; {TANSU_NOTE}\n  zombie: {seen[-160:]}"
+        f"  zombie saw {'fenced' if fenced else 'only lost'}; {TANSU_NOTE}\n  zombie: {seen[-160:]}"
     )
-    assert unchanged, f"the resumed router produced {after - before} delivery records"
+    assert unchanged, "the resumed router went on producing delivery records"
     assert duplicates <= bound

@@ -146,7 +146,7 @@ def test_a_router_killed_before_its_commit_does_not_hold_its_successor_back(
     )
     assert child.returncode == -signal.SIGKILL and b"open" in child.stdout, child.stderr[-2000:]
 
-    worker_factory(settings, ("router", "deliver"))
+    worker_factory(settings.replace(transactions=True), ("router", "deliver"))
     send_calls(
         settings, [{"type": "track", "userId": f"u{i}", "event": "E"} for i in range(30)], "wk"
     )
