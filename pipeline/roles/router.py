@@ -169,8 +169,9 @@ class RouterHandler:
     def assigned(self, keys: Sequence[TP]) -> None:
         """On the consumer thread, before the partitions' committed offsets are read: take each
         one's transactional id now. That ends a transaction the last owner left open (killed
-        between sending its offsets and committing); until then a read_committed consumer's
-        offset fetch for the partition is refused as unstable, and it would never start."""
+        between sending its offsets and committing). On Apache Kafka a read_committed consumer's
+        offset fetch is refused as unstable while such a transaction is open (KIP-447), so a
+        lazy take-over would wait out the transaction timeout before routing anything."""
         if self._new_transactions is None:
             return
         for key in keys:
