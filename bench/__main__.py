@@ -11,7 +11,8 @@ machine is shared and noisy, so absolute figures move between runs while ratios 
 
 Sections (the issue's numbering):
 
-1. End to end, one ``pipeline worker`` process (router + deliver + retry): calls produced as a
+1. End to end, one ``pipeline worker`` process (router + deliver + retry, router transactions
+   on; the other sections run them off, as ``pipeline dev`` does on this broker): calls produced as a
    backlog, events/s from the receiver's first answer to its last, against raw aiohttp POSTs of
    the same body and headers to the same receiver, 100 in flight (our per-host connection cap).
 2. The same with a receiver that answers after 100 ms; router and deliver as separate processes
@@ -147,7 +148,7 @@ def section_e2e(bench: Bench) -> None:
     naive_deployment = Deployment(bench.bootstrap, "naive")
     off_deployment = Deployment(bench.bootstrap, "e2e-off")
     off_deployment.apply({"s": [("d1", [receiver.url()])]})
-    worker = Worker("worker", deployment.env(), "e2e-worker")
+    worker = Worker("worker", deployment.env(PIPELINE_TRANSACTIONS="on"), "e2e-worker")
     off_worker = Worker("worker", off_deployment.env(PIPELINE_TRANSACTIONS="off"), "e2e-off")
     naive = Worker(receiver.url(), naive_deployment.env(), "naive", module="bench._naive")
     try:

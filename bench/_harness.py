@@ -181,6 +181,9 @@ class Deployment:
             PIPELINE_RETRY_PARTITIONS=str(s.retry_partitions),
             PIPELINE_RETRY_DELAYS=",".join(f"{d:g}s" for d in s.retry_delays),
             PIPELINE_DELIVERY_TIMEOUT=f"{s.delivery_timeout:g}s",
+            # As `pipeline dev` on the embedded broker, whose transactions can stall readers
+            # (docs/decisions.md); sections 1 and 9 measure the router with them on.
+            PIPELINE_TRANSACTIONS="off",
         )
         env.update(extra)
         return env
