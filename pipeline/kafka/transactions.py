@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pipeline.core.deadline import Deadline
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import producer_config
-from pipeline.kafka.errors import FENCED_CODES, Outgoing
+from pipeline.kafka.errors import Outgoing, Refusal
 
 __all__ = ["Fenced", "PartitionTransactions", "TransactionFailed", "transactional_id"]
 
@@ -109,11 +109,8 @@ class PartitionTransactions:
                 # Ends (aborts) what a previous owner of the id left open, and fences it.
                 producer.init_transactions(self._timeout)
             except KafkaException as exc:
-                error = exc.args[0]
-                if error.code() in FENCED_CODES:
-                    self.fenced = True
-                    raise Fenced(f"{self.id}: {error.str()}") from None
-                raise TransactionFailed(f"{self.id}: init: {error.str()}") from None
+                self._stop_if_fenced(exc.args[0])
+                raise TransactionFailed(f"{self.id}: init: {exc.args[0].str()}") from None
             self._producer = producer
         return self._producer
 
@@ -139,20 +136,21 @@ class PartitionTransactions:
                 if not error.retriable() or deadline.expired():
                     raise
 
-    def _failed(self, producer: Producer, error: KafkaError) -> None:
-        if error.code() in FENCED_CODES:
+    def _stop_if_fenced(self, error: KafkaError) -> None:
+        """Raise ``Fenced`` if a newer producer holds the id; this one then never produces again."""
+        if Refusal.of(error).fenced:
             self.fenced = True
             self._producer = None
             raise Fenced(f"{self.id}: {error.str()}")
+
+    def _failed(self, producer: Producer, error: KafkaError) -> None:
+        self._stop_if_fenced(error)
         if error.fatal():  # broken for good, but still ours: a new producer takes the id again
             self._producer = None
             raise TransactionFailed(f"{self.id}: {error.str()} (producer replaced)")
         try:
             producer.abort_transaction(self._timeout)
         except KafkaException as exc:
-            if exc.args[0].code() in FENCED_CODES:
-                self.fenced = True
-                self._producer = None
-                raise Fenced(f"{self.id}: {exc.args[0].str()}") from None
+            self._stop_if_fenced(exc.args[0])
             self._producer = None  # a new producer's init ends whatever is left open
         raise TransactionFailed(f"{self.id}: aborted: {error.str()}")

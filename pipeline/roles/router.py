@@ -71,6 +71,7 @@ class RouterHandler:
         self._threads = ThreadPoolExecutor(8, thread_name_prefix="router-transactions")
         self._committed = metrics.ROUTER_TRANSACTIONS.labels("committed")
         self._aborted = metrics.ROUTER_TRANSACTIONS.labels("aborted")
+        self._fenced = metrics.ROUTER_TRANSACTIONS.labels("fenced")
         self._codec: RecordCodec = codec or Codec.default()
         #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
         self.fatal: BaseException | None = None
@@ -85,7 +86,7 @@ class RouterHandler:
         return self._new_transactions is not None
 
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
-        if self._new_transactions is not None:
+        if self.transactional:
             await self._handle_in_transactions(batch, loop)
             return
         out = self._route(batch)
@@ -115,11 +116,7 @@ class RouterHandler:
     ) -> None:
         """Commit one input partition's part of a batch; retried until it commits, the worker
         stops (the part is then routed again after a restart), or the partition is fenced."""
-        assert self._new_transactions is not None
-        transactions = self._transactions.get(key)
-        if transactions is None:
-            transactions = self._new_transactions(*key)
-            self._transactions[key] = transactions
+        transactions = self._transactions_for(key)
         running = asyncio.get_running_loop()
         next_offset = part[-1].offset + 1
         delay = 0.1
@@ -144,15 +141,14 @@ class RouterHandler:
                         exc,
                         self._retake_after,
                     )
-                    metrics.ROUTER_FENCED.inc()
+                    self._fenced.inc()
                 # A zombie learns that it lost the partition long before the pause ends (its
                 # next heartbeat is refused), and the resume is then cancelled. Still assigned
                 # here then, the fence was not a new owner's (a broker can fence a producer whose
                 # transaction timed out): start again from the last commit, with a new producer.
                 loop.defer(part[0], time.time() + self._retake_after)
                 if self._transactions.get(key) is transactions:
-                    del self._transactions[key]
-                    self._threads.submit(transactions.close)
+                    self._retire(key)
                 return
             except TransactionFailed as exc:
                 self._aborted.inc()
@@ -172,12 +168,10 @@ class RouterHandler:
         between sending its offsets and committing). On Apache Kafka a read_committed consumer's
         offset fetch is refused as unstable while such a transaction is open (KIP-447), so a
         lazy take-over would wait out the transaction timeout before routing anything."""
-        if self._new_transactions is None:
+        if not self.transactional:
             return
         for key in keys:
-            transactions = self._transactions.get(key)
-            if transactions is None:
-                transactions = self._transactions[key] = self._new_transactions(*key)
+            transactions = self._transactions_for(key)
             started = time.monotonic()
             try:
                 transactions.prepare()
@@ -191,9 +185,21 @@ class RouterHandler:
     def released(self, keys: Sequence[TP]) -> None:
         """Revoked or lost partitions: their producers go (after any commit in progress)."""
         for key in keys:
-            transactions = self._transactions.pop(key, None)
-            if transactions is not None:
-                self._threads.submit(transactions.close)
+            self._retire(key)
+
+    def _transactions_for(self, key: TP) -> PartitionTransactions:
+        """The input partition's transactions, made on first use."""
+        assert self._new_transactions is not None
+        transactions = self._transactions.get(key)
+        if transactions is None:
+            transactions = self._transactions[key] = self._new_transactions(*key)
+        return transactions
+
+    def _retire(self, key: TP) -> None:
+        """Forget the partition's transactions; its producer closes once no commit runs."""
+        transactions = self._transactions.pop(key, None)
+        if transactions is not None:
+            self._threads.submit(transactions.close)
 
     def _decode(self, data: bytes | None) -> Call:
         return call_from_record(self._codec.decode("Call", data))
@@ -239,7 +245,6 @@ class RouterHandler:
         return out
 
     async def aclose(self) -> None:
-        for transactions in self._transactions.values():
-            self._threads.submit(transactions.close)
-        self._transactions.clear()
+        for key in list(self._transactions):
+            self._retire(key)
         await asyncio.to_thread(self._threads.shutdown, True)

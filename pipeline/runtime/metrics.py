@@ -20,7 +20,6 @@ __all__ = [
     "CALLS_DROPPED",
     "DELIVERIES_ROUTED",
     "ROUTER_TRANSACTIONS",
-    "ROUTER_FENCED",
     "DELIVERIES",
     "DELIVERY_ATTEMPT_SECONDS",
     "END_TO_END_SECONDS",
@@ -53,7 +52,6 @@ ROUTER_TRANSACTIONS = Counter(
     "Router transactions by result (committed, aborted: tried again, fenced).",
     ["result"],
 )
-ROUTER_FENCED = ROUTER_TRANSACTIONS.labels("fenced")
 DELIVERIES = Counter(
     "pipeline_deliveries",
     "Delivery attempts by outcome (delivered, retry, dead_letter).",
