@@ -579,18 +579,25 @@ def partition_count(settings: Settings, topic: str) -> int:
     return settings.retry_partitions if topic in topics.retry else settings.partitions
 
 
+def topic_ends(settings: Settings, topic: str) -> dict[int, int]:
+    """Per partition with records, the offset after its last record (what a group that read
+    everything has committed; transaction markers not counted)."""
+    from pipeline.kafka.topic_reader import read_topic as read_to_end
+
+    ends: dict[int, int] = {}
+    for record in read_to_end(settings, topic):
+        partition, offset = record.partition(), record.offset()
+        assert partition is not None and offset is not None
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends
+
+
 def caught_up(settings: Settings, roles: dict[str, list[str]]) -> bool:
     """Each role's group committed the end of each topic it reads (``role → topics``): nothing
     is left to be processed again, so figures taken now are final."""
-    from pipeline.kafka.topic_reader import read_topic as read_to_end
-
     for role, topics in roles.items():
         for topic in topics:
-            ends: dict[int, int] = {}
-            for record in read_to_end(settings, topic):
-                partition, offset = record.partition(), record.offset()
-                assert partition is not None and offset is not None
-                ends[partition] = max(ends.get(partition, 0), offset + 1)
+            ends = topic_ends(settings, topic)
             positions = group_positions(settings, role, topic) if ends else {}
             if any(positions.get(p, -1) < end for p, end in ends.items()):
                 return False
