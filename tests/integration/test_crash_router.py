@@ -54,6 +54,7 @@ PACE = 0.05
 #: The deliver role's in-flight limit and the receiver's answer delay: it keeps up with the router,
 #: so the receiver's count follows the delivery records the router produced.
 TRANSACTIONS_ON = {"PIPELINE_TRANSACTIONS": "on"}
+TRANSACTIONS_OFF = {"PIPELINE_TRANSACTIONS": "off"}
 DELIVER_ENV = {"PIPELINE_MAX_IN_FLIGHT": "100", "PIPELINE_COMMIT_INTERVAL": "100ms"}
 RECEIVER_DELAY = 0.01
 #: What one router transaction can hold (one consume batch): the tansu allowance, 0 on Kafka.
@@ -170,26 +171,29 @@ def test_sigkill_of_the_router_without_transactions_loses_nothing(
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     receiver, at_kill, sent = kill_router_mid_stream(
-        settings, receiver_factory, process_factory, {"PIPELINE_TRANSACTIONS": "off"}
+        settings, receiver_factory, process_factory, TRANSACTIONS_OFF
     )
     figures("SIGKILL router (transactions off)", receiver, None, at_kill, sent)
     topic_figures(settings)
     print("  transactions off: no bound; compare with the transactional run")
 
 
-def test_a_stopped_router_resumed_after_its_successor_took_over_is_fenced(
+def test_a_stopped_router_resumed_after_its_successor_took_over_stops_producing(
     settings: Settings,
     receiver_factory: Callable[..., Receiver],
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     """A router stopped (SIGSTOP) mid-stream is a zombie once its session expired and another
-    took its partitions over. Resumed, it is fenced or learns that it lost them, and it produces
-    nothing afterwards. (On tansu a stopped producer's open transaction holds read_committed
-    readers back until it is resumed; Apache Kafka aborts it when the successor takes the id.
-    The refusal itself is shown deterministically in test_transactions.py.)"""
+    took its partitions over. Resumed, it learns that it lost them and produces nothing more;
+    nothing is lost, and what is doubled is bounded by what it held.
+
+    Run without transactions: on tansu 0.6 a stopped producer's open transaction holds the
+    deliveries topic's read_committed readers back for good (seen in CI: half of each partition
+    present and never visible), which Apache Kafka ends when the successor takes the id. The
+    fencing of a zombie's transactions is shown deterministically in test_transactions.py."""
     receiver = receiver_factory(delay=RECEIVER_DELAY)
     apply(settings, simple_config(receiver.url))
-    zombie, zombie_log = started(process_factory, settings, "router", TRANSACTIONS_ON)
+    zombie, zombie_log = started(process_factory, settings, "router", TRANSACTIONS_OFF)
     _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
     ready((zombie_log, "router"), (deliver_log, "deliver"))
     stream = sender(settings)
@@ -199,25 +203,24 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_is_fenced(
     at_stop, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the stop: pace it slower"
 
-    # B takes over once A's session (6 s) timed out, and takes A's transactional ids.
-    _, successor_log = started(process_factory, settings, "router", TRANSACTIONS_ON)
+    # B takes over once A's session (6 s) timed out.
+    _, successor_log = started(process_factory, settings, "router", TRANSACTIONS_OFF)
     logs = {"stopped router": zombie_log, "deliver": deliver_log, "new router": successor_log}
     told = progress(receiver, settings)
     wait_or_tell(lambda: successor_log.assigned("router"), 60, logs, told, 0.1)
     zombie.send_signal(signal.SIGCONT)
     stream.finish()
+    wait_or_tell(lambda: zombie_log.has("lost"), 30, logs, told, 0.1)
+    seen = next(line for line in zombie_log.lines if "lost" in line)
     everything(settings, receiver, logs)
-    wait_or_tell(lambda: zombie_log.has("fenced") or zombie_log.has("lost"), 20, logs, told, 0.1)
-    fenced = zombie_log.has("fenced")
-    seen = next(line for line in zombie_log.lines if "fenced" in line or "lost" in line)
     before = sum(delivery_records(settings).values())
     unchanged = stays(lambda: sum(delivery_records(settings).values()) == before, seconds=3.0)
 
-    bound = router_bound()
+    # The batch it was routing when stopped (finished after the resume) and the same calls
+    # routed again by the successor from the last commit.
+    bound = 2 * OPEN_TRANSACTION
     duplicates = figures("SIGSTOP router, successor, SIGCONT", receiver, bound, at_stop, sent)
     topic_figures(settings)
-    print(
-        f"  zombie saw {'fenced' if fenced else 'only lost'}; {TANSU_NOTE}\n  zombie: {seen[-160:]}"
-    )
+    print(f"  zombie: {seen[-160:]}")
     assert unchanged, "the resumed router went on producing delivery records"
     assert duplicates <= bound
