@@ -3,6 +3,8 @@
 #
 #   prometheus, promtool   a real Prometheus scrapes a worker; promtool checks the shipped files
 #   docker-compose         `docker-compose config` validates docker-compose.yml without an engine
+#   postgresql             initdb and postgres for the log store's PostgreSQL tests, which start a
+#                          throwaway server of their own (tests/pg_server.py) as user postgres
 #
 # Run as root (CI is). The packages' services are never started: a policy-rc.d that refuses is in
 # place for the install (the one Docker images ship already does; otherwise one is added and removed).
@@ -14,6 +16,9 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
     missing+=(docker-compose)
+fi
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && ! command -v initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

@@ -16,6 +16,7 @@ Delivery outcomes are values, not exceptions: see ``pipeline.core.outcomes``.
 from __future__ import annotations
 
 __all__ = [
+    "StoreUnavailable",
     "PipelineError",
     "InvalidCall",
     "CallTooLarge",
@@ -66,6 +67,16 @@ class ConfigError(PipelineError):
 
 class BrokerUnavailable(PipelineError):
     """Kafka did not acknowledge in time. Nothing is known to be written; retry."""
+
+
+class StoreUnavailable(PipelineError):
+    """The delivery log's store cannot be reached or opened (``pipeline.store``); ``url`` has
+    its password masked. Here, beside ``BrokerUnavailable``, so the CLI maps it to exit code 3
+    without importing the store."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(f"log store {url} is unavailable: {problem}")
+        self.url = url
 
 
 class UndecodableRecord(PipelineError):

@@ -43,6 +43,7 @@ _SCHEMA_FILES = (
     "destination",
     "trait_state",
     "deletion_request",
+    "log_record",
 )
 
 

@@ -3,7 +3,7 @@ nothing from Kafka or the network, and nothing but the client imports the client
 
 Every import statement counts, also the ones inside functions (a lazy import is still a dependency).
 
-    core (0) < runtime (1) < kafka (2) < ops (3) < http (4) < roles (5) < commands (6)
+    core (0) < runtime (1) < store (2) < kafka (3) < ops (4) < http (5) < roles (6) < commands (7)
 
 ``client`` stands apart: it may import the core and (for its Kafka transport, lazily) the Kafka
 shell; nothing of the pipeline imports it.
@@ -18,7 +18,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 
-LAYERS = {"core": 0, "runtime": 1, "kafka": 2, "ops": 3, "http": 4, "roles": 5, "commands": 6}
+LAYERS = {
+    "core": 0,
+    "runtime": 1,
+    "store": 2,
+    "kafka": 3,
+    "ops": 4,
+    "http": 5,
+    "roles": 6,
+    "commands": 7,
+}
 #: Third-party and standard modules that mean Kafka or the network.
 KAFKA = {"confluent_kafka", "fastavro"}
 NETWORK = {"aiohttp", "httpx", "socket", "ssl", "http", "urllib.request", "asyncio", "selectors"}
@@ -26,6 +35,7 @@ NETWORK = {"aiohttp", "httpx", "socket", "ssl", "http", "urllib.request", "async
 FORBIDDEN_EXTERNAL = {
     "core": KAFKA | NETWORK | {"prometheus_client"},
     "runtime": KAFKA | {"aiohttp", "httpx"},
+    "store": KAFKA | {"aiohttp", "httpx"},
     "kafka": {"aiohttp", "httpx"},
 }
 #: What the client may import of the pipeline.
@@ -133,9 +143,15 @@ def test_every_subpackage_is_a_known_layer():
         ("pipeline.core.render", "def f():\n    import aiohttp\n", "may not use aiohttp"),
         ("pipeline.core.render", "from http import client", "may not use http"),
         ("pipeline.kafka.codec", "from ..http import sender", "kafka is below http"),
+        ("pipeline.store.sqlite", "from pipeline.kafka.codec import Codec", "store is below kafka"),
+        ("pipeline.store.sqlite", "import confluent_kafka", "may not use confluent_kafka"),
         ("pipeline.kafka.codec", "from pipeline import roles", "kafka is below roles"),
         ("pipeline.ops.dlq", "from pipeline.roles.worker import run_roles", "ops is below roles"),
-        ("pipeline.http.sender", "from pipeline.commands.cli import main", "http is below commands"),
+        (
+            "pipeline.http.sender",
+            "from pipeline.commands.cli import main",
+            "http is below commands",
+        ),
         ("pipeline.roles.router", "from pipeline.client import Client", "import the client"),
         ("pipeline.client._http", "from pipeline.http.ingest import X", "client may import only"),
         ("pipeline.runtime.metrics", "import confluent_kafka", "may not use confluent_kafka"),
