@@ -29,19 +29,19 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
 
+    from pipeline.core.timestamps import parse_when
     from pipeline.ops.dlq import (
         DlqFilter,
         describe_time,
         list_dead_letters,
-        parse_when,
         replay_dead_letters,
     )
 
     selection = DlqFilter(
         destination=args.destination,
         reason=args.reason,
-        since=parse_when(args.since) if args.since else None,
-        until=parse_when(args.until) if args.until else None,
+        since=parse_when(args.since, name="--since") if args.since else None,
+        until=parse_when(args.until, name="--until") if args.until else None,
     )
     if args.action == "replay":
         summary = replay_dead_letters(settings, selection, dry_run=args.dry_run)

@@ -261,6 +261,7 @@ class ConfigTable:
     destinations: Mapping[str, Destination] = field(default_factory=dict)
     _by_write_key: Mapping[str, str] = field(default_factory=dict)
     _by_source: Mapping[str, tuple[Destination, ...]] = field(default_factory=dict)
+    _disabled_by_source: Mapping[str, tuple[Destination, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, sources: Iterable[Source], destinations: Iterable[Destination]) -> ConfigTable:
@@ -268,15 +269,16 @@ class ConfigTable:
         dest_map = {d.id: d for d in destinations}
         by_key = {key: s.id for s in source_map.values() for key in s.write_keys}
         by_source: dict[str, list[Destination]] = {}
+        disabled: dict[str, list[Destination]] = {}
         for dest in sorted(dest_map.values(), key=lambda d: d.id):
-            if dest.enabled:
-                for source_id in dest.sources:
-                    by_source.setdefault(source_id, []).append(dest)
+            for source_id in dest.sources:
+                (by_source if dest.enabled else disabled).setdefault(source_id, []).append(dest)
         return cls(
             source_map,
             dest_map,
             by_key,
             {source: tuple(dests) for source, dests in by_source.items()},
+            {source: tuple(dests) for source, dests in disabled.items()},
         )
 
     def source_for_write_key(self, write_key: str) -> Source | None:
@@ -286,3 +288,7 @@ class ConfigTable:
     def enabled_destinations(self, source_id: str) -> tuple[Destination, ...]:
         """Enabled destinations connected to the source, ordered by id."""
         return self._by_source.get(source_id, ())
+
+    def disabled_destinations(self, source_id: str) -> tuple[Destination, ...]:
+        """Disabled destinations connected to the source, ordered by id."""
+        return self._disabled_by_source.get(source_id, ())

@@ -113,6 +113,8 @@ class UrlResult:
     duration: float = 0.0
     #: Seconds the receiver asked us to wait (``Retry-After`` on 429 or 503).
     retry_after: float | None = None
+    #: A failed answer's body, its first ``RESPONSE_SNIPPET_BYTES`` (the delivery log keeps it).
+    response: str = ""
 
     @property
     def ok(self) -> bool:

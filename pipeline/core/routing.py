@@ -37,12 +37,19 @@ class DropReason(enum.StrEnum):
     """No enabled destination is connected, or the integrations map turned them all off."""
     UNKNOWN_SOURCE = "unknown_source"
     """The source was deleted from the config after the call was accepted."""
+    INTEGRATIONS = "integrations"
+    """Per destination: the call's ``integrations`` map turned it off (seed §4.3 rule 6)."""
+    DESTINATION_DISABLED = "destination_disabled"
+    """Per destination: connected to the source but disabled (its toggle is off)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     destinations: tuple[Destination, ...] = ()
     dropped: DropReason | None = None
+    #: Destinations connected to the source that the call does not go to, and why (the
+    #: delivery log records them; the call-level ``dropped`` is what metrics count).
+    excluded: tuple[tuple[str, DropReason], ...] = ()
 
 
 def route(call: Call, table: ConfigTable) -> Route:
@@ -51,13 +58,20 @@ def route(call: Call, table: ConfigTable) -> Route:
         return Route(dropped=DropReason.UNKNOWN_SOURCE)
     if call.type is CallType.TRACK and call.event in source.blocked_events:
         return Route(dropped=DropReason.BLOCKED_EVENT)
-    candidates = table.enabled_destinations(call.source_id)
+    enabled = table.enabled_destinations(call.source_id)
+    disabled = table.disabled_destinations(call.source_id)
+    excluded = tuple((d.id, DropReason.DESTINATION_DISABLED) for d in disabled)
+    candidates = enabled
     if call.integrations and call.type is not CallType.DELETE:
         integrations = orjson.loads(call.integrations)
-        candidates = tuple(d for d in candidates if is_enabled(integrations, d.name))
+        candidates = tuple(d for d in enabled if is_enabled(integrations, d.name))
+        if len(candidates) < len(enabled):
+            excluded += tuple(
+                (d.id, DropReason.INTEGRATIONS) for d in enabled if d not in candidates
+            )
     if not candidates:
-        return Route(dropped=DropReason.NO_DESTINATION)
-    return Route(destinations=candidates)
+        return Route(dropped=DropReason.NO_DESTINATION, excluded=excluded)
+    return Route(destinations=candidates, excluded=excluded)
 
 
 class Routed(NamedTuple):
@@ -70,6 +84,10 @@ class Routed(NamedTuple):
     dropped: DropReason | None = None
     undecodable: str | None = None
     """Why the record is not a call: it goes to the dead-letter topic, raw."""
+    call: Call | None = None
+    """The call, when it decoded (the delivery log describes it)."""
+    excluded: tuple[tuple[str, DropReason], ...] = ()
+    """Connected destinations the call does not go to, and why."""
 
 
 def route_record(
@@ -85,7 +103,7 @@ def route_record(
         return Routed(undecodable=str(exc))
     decision = route(call, table)
     if decision.dropped is not None:
-        return Routed(call.type, dropped=decision.dropped)
+        return Routed(call.type, dropped=decision.dropped, call=call, excluded=decision.excluded)
     body = render_body(call)  # once per call: every destination and every retry send these bytes
     user_key = b"/" + call.key
     return Routed(
@@ -94,4 +112,6 @@ def route_record(
             (destination.id.encode() + user_key, Delivery.for_call(call, destination.id, body))
             for destination in decision.destinations
         ),
+        call=call,
+        excluded=decision.excluded,
     )

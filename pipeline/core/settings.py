@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pipeline.core.durations import parse_duration, parse_duration_list
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "default_log_store_url"]
 
 #: The environment variable of each range-checked setting, for error messages.
 _ENV_NAMES = {
@@ -26,6 +26,7 @@ _ENV_NAMES = {
     "max_connections_per_host": "PIPELINE_MAX_CONNECTIONS_PER_HOST",
     "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
     "commit_interval": "PIPELINE_COMMIT_INTERVAL",
+    "log_retention": "PIPELINE_LOG_RETENTION",
 }
 
 #: The words an on/off setting accepts.
@@ -71,6 +72,16 @@ class Settings:
     #: How often the deliver and retry roles commit their finished position: a crash delivers
     #: again what was in flight plus at most what finished within one interval.
     commit_interval: float = 0.1
+    #: Record every decision about a call on ``deliveries.log`` (the delivery log).
+    log: bool = True
+    #: Also record each call's JSON in its ``received`` entry (it holds personal data).
+    log_bodies: bool = False
+    #: Where ``pipeline log-store`` keeps the log and ``trace``/``log``/``stats`` read it:
+    #: ``sqlite:///PATH`` (the embedded default, ``default_log_store_url``) or
+    #: ``postgresql://...``.
+    log_store_url: str = ""
+    #: How long the delivery log is kept, in the store and on ``deliveries.log``.
+    log_retention: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -114,6 +125,10 @@ class Settings:
         seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
         flag("PIPELINE_TRANSACTIONS", "transactions")
         seconds("PIPELINE_COMMIT_INTERVAL", "commit_interval")
+        flag("PIPELINE_LOG", "log")
+        flag("PIPELINE_LOG_BODIES", "log_bodies")
+        text("PIPELINE_LOG_STORE_URL", "log_store_url")
+        seconds("PIPELINE_LOG_RETENTION", "log_retention")
         if env.get("PIPELINE_ALLOWED_NETWORKS"):
             values["allowed_networks"] = tuple(
                 part.strip() for part in env["PIPELINE_ALLOWED_NETWORKS"].split(",") if part.strip()
@@ -142,6 +157,8 @@ class Settings:
         ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
+        if self.log_retention < 60:
+            raise ValueError(f"log_retention: must be at least 1m, got {self.log_retention:g} s")
         if self.commit_interval <= 0:
             raise ValueError(f"commit_interval: must be above 0, got {self.commit_interval:g} s")
         if not self.retry_delays:
@@ -150,3 +167,24 @@ class Settings:
 
         AddressPolicy.parse(self.allowed_networks)  # raises ValueError naming a bad entry
         return self
+
+
+def default_log_store_url(settings: Settings, home: Mapping[str, str] | None = None) -> str:
+    """The embedded log store of these settings: a SQLite file per cluster and topic prefix,
+    under ``$XDG_DATA_HOME/pipeline`` (``~/.local/share/pipeline``), unless
+    ``PIPELINE_LOG_STORE_URL`` names another.
+
+    >>> default_log_store_url(Settings(topic_prefix="acme."), {"XDG_DATA_HOME": "/d"})
+    'sqlite:////d/pipeline/log-127.0.0.1_9092-acme.sqlite3'
+    """
+    if settings.log_store_url:
+        return settings.log_store_url
+    env = os.environ if home is None else home
+    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    name = "-".join(
+        part
+        for part in (settings.bootstrap_servers.split(",")[0], settings.topic_prefix.rstrip("."))
+        if part
+    )
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return f"sqlite:///{os.path.join(base, 'pipeline', f'log-{safe}.sqlite3')}"

@@ -13,7 +13,7 @@ import re
 import time
 from datetime import UTC, datetime, timedelta, timezone
 
-__all__ = ["parse_timestamp", "format_timestamp", "now_ms"]
+__all__ = ["parse_timestamp", "parse_when", "format_timestamp", "now_ms"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
@@ -59,6 +59,29 @@ def parse_timestamp(text: str) -> int:
     except ValueError as exc:
         raise ValueError(f"{text!r} is not a valid date-time: {exc}") from None
     return (moment - _EPOCH) // _ONE_MS
+
+
+def parse_when(text: str, *, now: int | None = None, name: str = "time") -> int:
+    """Epoch ms for a time given on the command line: an ISO 8601 time, or a duration ago
+    (``90m``: ninety minutes ago); ``ValueError`` naming ``name`` otherwise.
+
+    >>> parse_when("90m", now=10_000_000)
+    4600000
+    """
+    from pipeline.core.durations import parse_duration
+
+    now = now_ms() if now is None else now
+    try:
+        return now - int(parse_duration(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        return parse_timestamp(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}: {text!r} is neither a duration ago (e.g. 30m, 2h) nor an ISO 8601 time "
+            "(e.g. 2026-11-21T07:00:00Z)"
+        ) from None
 
 
 #: The last second formatted, and its text: calls come in bursts within one second.

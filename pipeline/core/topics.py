@@ -37,6 +37,11 @@ class Topics:
         return f"{self.prefix}deliveries.webhooks"
 
     @property
+    def log(self) -> str:
+        """The delivery log: every decision about a call (keyed by message id)."""
+        return f"{self.prefix}deliveries.log"
+
+    @property
     def dlq(self) -> str:
         return f"{self.deliveries}.dlq"
 

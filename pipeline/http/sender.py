@@ -38,6 +38,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pipeline.core.address_policy import AddressPolicy
 from pipeline.core.circuit import CircuitBreaker
 from pipeline.core.config import Destination
+from pipeline.core.log_entries import RESPONSE_SNIPPET_BYTES
 from pipeline.core.outcomes import RETRYABLE, Failure, UrlResult, classify, parse_retry_after
 from pipeline.core.rate_limit import TokenBucket
 from pipeline.core.settings import Settings
@@ -298,14 +299,17 @@ class WebhookSender:
                     retry_after = parse_retry_after(
                         response.headers.get("Retry-After"), time.time()
                     )
-                detail = "" if failure is None else text.decode("utf-8", "replace")
+                if failure is None:
+                    return UrlResult(url, status, None, "", time.monotonic() - started)
+                snippet = text[:RESPONSE_SNIPPET_BYTES].decode("utf-8", "replace")
                 return UrlResult(
                     url,
                     status,
                     failure,
-                    detail[:_DETAIL_CHARS],
+                    snippet[:_DETAIL_CHARS],
                     time.monotonic() - started,
                     retry_after,
+                    snippet,
                 )
         except TimeoutError:
             return result(

@@ -101,6 +101,12 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         NewTopic(topics.deliveries, settings.partitions, rf),
         NewTopic(topics.dlq, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
         NewTopic(topics.dlq_replays, 1, rf, config={"cleanup.policy": "compact"}),
+        NewTopic(
+            topics.log,
+            settings.partitions,
+            rf,
+            config={"retention.ms": str(int(settings.log_retention * 1000))},
+        ),
     ]
     specs += [NewTopic(name, settings.retry_partitions, rf) for name in topics.retry]
     compact = {"cleanup.policy": "compact"}

@@ -4,17 +4,20 @@ A replay puts the delivery on the first retry tier, due now, with its deadline c
 attempt starts a new one) and ``replays`` counted up; the attempts of its earlier life are kept.
 Each replay is recorded on ``deliveries.webhooks.dlq.replays`` (compacted, keyed by dead-letter id)
 *in the same Kafka transaction* as the replayed record, so a dead letter is never replayed twice by
-accident, not even by a replay that crashed half-way.
+accident, not even by a replay that crashed half-way. The delivery log's ``replayed`` entry (with
+the replay's id) goes in that transaction too.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.dead_letters import replay
-from pipeline.core.durations import parse_duration
+from pipeline.core.log_entries import LogKind, log_record
+from pipeline.core.log_entries import entry as entry_of
 from pipeline.core.records import (
     DeadLetter,
     dead_letter_from_record,
@@ -24,29 +27,14 @@ from pipeline.core.records import (
     replay_to_record,
 )
 from pipeline.core.settings import Settings
-from pipeline.core.timestamps import now_ms, parse_timestamp
+from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import read_topic
 
-__all__ = ["DlqFilter", "DeadLetterEntry", "list_dead_letters", "replay_dead_letters", "parse_when"]
-
-
-def parse_when(text: str, *, now: int | None = None) -> int:
-    """Epoch ms from an ISO 8601 time or a duration ago (``90m``: ninety minutes ago)."""
-    now = now_ms() if now is None else now
-    try:
-        return now - int(parse_duration(text) * 1000)
-    except ValueError:
-        pass
-    try:
-        return parse_timestamp(text)
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is neither a duration ago (e.g. 30m, 2h) nor an ISO 8601 time"
-        ) from None
+__all__ = ["DlqFilter", "DeadLetterEntry", "list_dead_letters", "replay_dead_letters"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +98,8 @@ class ReplaySummary:
     replayed: list[DeadLetterEntry] = field(default_factory=list)
     already_replayed: int = 0
     not_replayable: int = 0
+    #: Names this replay in the delivery log's ``replayed`` entries.
+    replay_id: str = ""
 
 
 def replay_dead_letters(
@@ -131,6 +121,7 @@ def replay_dead_letters(
     topics = topics_for(settings)
     producer = AckedProducer(settings, transactional=True)
     now = now_ms()
+    summary.replay_id = f"dlq-{uuid.uuid4().hex[:12]}"
     with producer.transaction(timeout, what="replay"):
         for entry in summary.replayed:
             delivery, marker = replay(entry.dead_letter, now)
@@ -142,6 +133,22 @@ def replay_dead_letters(
                 marker.dead_letter_id.encode(),
                 codec.encode("Replay", replay_to_record(marker)),
             )
+            if settings.log:
+                record = log_record(
+                    delivery.message_id,
+                    delivery.source_id,
+                    delivery.call_type,
+                    [
+                        entry_of(
+                            LogKind.REPLAYED,
+                            now,
+                            destination=delivery.destination_id,
+                            replayId=summary.replay_id,
+                        )
+                    ],
+                )
+                log_value = codec.encode("LogRecord", record)
+                producer.produce(topics.log, delivery.message_id.encode(), log_value)
     return summary
 
 

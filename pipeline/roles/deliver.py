@@ -12,8 +12,10 @@ For each record:
 3. POST to every webhook at once and combine the answers (``pipeline.core.outcomes.decide``).
 4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
    dead-letter topic when the deadline leaves no room. Permanent failure → dead letter.
-5. The record is finished only after Kafka acknowledged the hand-off. A record whose partition
-   was revoked or lost meanwhile is not handed off at all: its new owner reads it again.
+5. The record is finished only after Kafka acknowledged the hand-off, with the delivery log's
+   record of the attempt and its conclusion (``PIPELINE_LOG``), which goes in the same produce. A
+   record whose partition was revoked or lost meanwhile is not handed off at all: its new owner
+   reads it again.
 
 Steps 1, 2 and 4 are decided by ``pipeline.core.delivery_policy`` (pure); this module does the
 I/O around them: decode, send, produce, finish, and the metrics.
@@ -31,7 +33,8 @@ from typing import Any
 from pipeline.core.dead_letters import dead_letter
 from pipeline.core.delivery_policy import Conclusion, Go, before_attempt, conclude
 from pipeline.core.exceptions import UndecodableRecord
-from pipeline.core.outcomes import DeadLetterReason, Outcome
+from pipeline.core.log_entries import conclusion_log_record
+from pipeline.core.outcomes import DeadLetterReason, Outcome, UrlResult
 from pipeline.core.records import (
     DeadLetter,
     Delivery,
@@ -89,6 +92,7 @@ class DeliveryHandler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
         self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(topics.retry))]
+        self._log_topic = topics.log if settings.log else None
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -152,7 +156,7 @@ class DeliveryHandler:
             if isinstance(before, Go):
                 self._spawn(self._process(taken, before, loop, now))
                 return
-            out = self._hand_off(taken, before, now)
+            out = self._hand_off(taken, record, before, now)
         except SchemaRegistryUnavailable:
             raise
         except Exception as exc:  # a bug must neither lose the record nor stall it
@@ -244,7 +248,7 @@ class DeliveryHandler:
             conclusion = conclude(record, results, self._schedule, now, finished)
             if conclusion.requested:
                 metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
-            out = self._hand_off(taken, conclusion, finished)
+            out = self._hand_off(taken, record, conclusion, finished, results, now)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
@@ -256,20 +260,57 @@ class DeliveryHandler:
             await self._producer.send_all_until_acked(out, self._stop)
         loop.finish(taken)
 
-    def _hand_off(self, taken: Taken, conclusion: Conclusion, finished: float) -> list[Outgoing]:
-        """The records to produce for ``conclusion`` (reached at ``finished``), and its metrics."""
+    def _hand_off(
+        self,
+        taken: Taken,
+        before: Delivery,
+        conclusion: Conclusion,
+        finished: float,
+        results: Sequence[UrlResult] = (),
+        started: float = 0.0,
+    ) -> list[Outgoing]:
+        """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
+        request begun at ``started``, if one was made), and its metrics."""
         outcome, record = conclusion.outcome, conclusion.delivery
         self._outcomes[outcome].inc()
+        out: list[Outgoing] = []
+        if self._log_topic is not None:
+            out.append(self._log_record(before, conclusion, finished, results, started))
         if outcome is Outcome.DELIVERED:
             metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
-            return []  # a delivered record is not kept, so neither is its attempt history
+            return out  # a delivered record is not kept, so neither is its attempt history
         if outcome is Outcome.RETRY:
             self._retries[record.tier].inc()
             value = self._codec.encode("Delivery", delivery_to_record(record))
-            return [(self._topics.retry[record.tier], taken.message.key(), value)]
+            out.append((self._topics.retry[record.tier], taken.message.key(), value))
+            return out
         assert conclusion.reason is not None
         letter = letter_of(conclusion.reason, taken, delivery=record, detail=conclusion.detail)
-        return [self._dlq(letter)]
+        out.append(self._dlq(letter))
+        return out
+
+    def _log_record(
+        self,
+        before: Delivery,
+        conclusion: Conclusion,
+        finished: float,
+        results: Sequence[UrlResult],
+        started: float,
+    ) -> Outgoing:
+        """The delivery log's record of this attempt (if a request was made) and conclusion."""
+        assert self._log_topic is not None
+        reason = conclusion.reason or ("" if conclusion.requested else "circuit_open")
+        record = conclusion_log_record(
+            before,
+            conclusion.outcome,
+            conclusion.delivery,
+            finished,
+            results=results,
+            started=started,
+            reason=str(reason) if conclusion.outcome is not Outcome.DELIVERED else "",
+        )
+        value = self._codec.encode("LogRecord", record)
+        return (self._log_topic, before.message_id.encode(), value)
 
 
 def letter_of(

@@ -22,9 +22,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.core.calls import Call, CallType
+from pipeline.core.log_entries import call_log_record
 from pipeline.core.outcomes import DeadLetterReason
 from pipeline.core.records import call_from_record, dead_letter_to_record, delivery_to_record
-from pipeline.core.routing import DropReason, route_record
+from pipeline.core.render import render_body
+from pipeline.core.routing import DropReason, Routed, route_record
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
@@ -55,11 +57,15 @@ class RouterHandler:
         codec: RecordCodec | None = None,
         transactions: Callable[[str, int], PartitionTransactions] | None = None,
         retake_after: float = 45.0,
+        log: bool = False,
+        log_bodies: bool = False,
     ) -> None:
         """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
         off in transactions; the consumer loop must then not commit (``commits=False``).
         ``retake_after``: how long a fenced partition waits before it is taken back if it is
-        still assigned here (a session timeout: a zombie knows it lost it by then)."""
+        still assigned here (a session timeout: a zombie knows it lost it by then).
+        ``log``: each call's fate goes to the delivery log with its delivery records (in the
+        same transaction); ``log_bodies``: with the call's JSON."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
@@ -75,6 +81,8 @@ class RouterHandler:
         self._codec: RecordCodec = codec or Codec.default()
         #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
         self.fatal: BaseException | None = None
+        self._log = log
+        self._log_bodies = log_bodies
         self._routed = {t: metrics.CALLS_ROUTED.labels(t.value) for t in CallType}
         self._dropped = {r: metrics.CALLS_DROPPED.labels(r.value) for r in DropReason}
 
@@ -92,7 +100,7 @@ class RouterHandler:
         out = self._route(batch)
         if out is None:
             return
-        metrics.DELIVERIES_ROUTED.inc(len(out))
+        metrics.DELIVERIES_ROUTED.inc(self._deliveries_in(out))
         await self._producer.send_all_until_acked(out, self._stop)
         for taken in batch:
             loop.finish(taken)
@@ -158,7 +166,7 @@ class RouterHandler:
                 log.warning("router: %s; trying again in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        metrics.DELIVERIES_ROUTED.inc(len(out))
+        metrics.DELIVERIES_ROUTED.inc(self._deliveries_in(out))
         for taken in part:
             loop.finish(taken)
 
@@ -210,6 +218,7 @@ class RouterHandler:
         codec = self._codec
         decode = self._decode
         deliveries_topic = self._topics.deliveries
+        log_topic = self._topics.log if self._log else None
         out: list[Outgoing] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
@@ -231,6 +240,8 @@ class RouterHandler:
                     out.append((self._topics.dlq, None, value))
                     continue
                 routed[decision.call_type] = routed.get(decision.call_type, 0) + 1
+                if log_topic is not None:
+                    out.append(self._log_record(log_topic, taken, decision))
                 if decision.dropped is not None:
                     dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
                     continue
@@ -243,6 +254,28 @@ class RouterHandler:
             for reason, count in dropped.items():
                 self._dropped[reason].inc(count)
         return out
+
+    def _deliveries_in(self, out: list[Outgoing]) -> int:
+        topic = self._topics.deliveries
+        return sum(1 for record in out if record[0] == topic)
+
+    def _log_record(self, topic: str, taken: Taken, decision: Routed) -> Outgoing:
+        """The delivery log's record of the call ``decision`` is about."""
+        call = decision.call
+        assert call is not None
+        body = None
+        if self._log_bodies:
+            body = decision.deliveries[0][1].body if decision.deliveries else render_body(call)
+        record = call_log_record(
+            call,
+            len(taken.message.value() or b""),
+            int(time.time() * 1000),
+            destinations=[delivery.destination_id for _, delivery in decision.deliveries],
+            dropped=None if decision.dropped is None else decision.dropped.value,
+            excluded=[(name, reason.value) for name, reason in decision.excluded],
+            body=None if body is None else body.decode(),
+        )
+        return (topic, call.message_id.encode(), self._codec.encode("LogRecord", record))
 
     async def aclose(self) -> None:
         for key in list(self._transactions):

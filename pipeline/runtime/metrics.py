@@ -27,6 +27,8 @@ __all__ = [
     "DEAD_LETTERS",
     "IN_FLIGHT",
     "CONSUMER_LAG",
+    "LOG_STORE_WRITTEN",
+    "LOG_STORE_UNDECODABLE",
     "serve_metrics",
     "record_kafka_stats",
 ]
@@ -70,6 +72,12 @@ END_TO_END_SECONDS = Histogram(
 RETRIES = Counter("pipeline_retries", "Deliveries handed to a retry tier.", ["tier"])
 DEAD_LETTERS = Counter(
     "pipeline_dead_letters", "Records sent to the dead-letter topic.", ["reason"]
+)
+LOG_STORE_WRITTEN = Counter(
+    "pipeline_log_store_entries", "Delivery log entries the log-store wrote to its store."
+)
+LOG_STORE_UNDECODABLE = Counter(
+    "pipeline_log_store_undecodable", "Records of deliveries.log the log-store could not read."
 )
 IN_FLIGHT = Gauge("pipeline_in_flight", "Records a worker is working on now.", ["role"])
 CONSUMER_LAG = Gauge(

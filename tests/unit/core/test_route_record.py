@@ -43,6 +43,7 @@ def test_one_delivery_per_destination_keyed_destination_slash_user() -> None:
             (b"hooks-a/u1", Delivery(call.message_id, "hooks-a", "web", "track", body, 7)),
             (b"hooks-b/u1", Delivery(call.message_id, "hooks-b", "web", "track", body, 7)),
         ),
+        call=call,
     )
     [(_, fresh), _] = routed.deliveries
     assert (fresh.tier, fresh.not_before, fresh.first_attempt_at, fresh.attempts) == (
@@ -60,20 +61,23 @@ def test_the_key_falls_back_to_the_anonymous_id() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "reason"),
+    ("raw", "reason", "excluded"),
     [
-        ({"type": "track", "event": "Heartbeat", "userId": "u"}, DropReason.BLOCKED_EVENT),
+        ({"type": "track", "event": "Heartbeat", "userId": "u"}, DropReason.BLOCKED_EVENT, ()),
         (
             {"type": "track", "event": "x", "userId": "u", "integrations": {"All": False}},
             DropReason.NO_DESTINATION,
+            (("hooks-a", DropReason.INTEGRATIONS), ("hooks-b", DropReason.INTEGRATIONS)),
         ),
     ],
 )
 def test_dropped_with_its_reason_and_still_counted_by_type(
-    raw: dict[str, object], reason: DropReason
+    raw: dict[str, object], reason: DropReason, excluded: tuple[tuple[str, DropReason], ...]
 ) -> None:
     call = parse_call(raw, source_id="web", received_at=0)
-    assert route_record(None, decoding(call), TABLE) == Routed(call.type, dropped=reason)
+    assert route_record(None, decoding(call), TABLE) == Routed(
+        call.type, dropped=reason, call=call, excluded=excluded
+    )
 
 
 def test_unknown_source_is_dropped() -> None:

@@ -60,7 +60,10 @@ def test_unknown_source() -> None:
 
 def test_no_destination_when_only_a_disabled_one_is_connected() -> None:
     result = route(call({"type": "track", "userId": "u", "event": "E"}, "lonely"), TABLE)
-    assert result == Route(dropped=DropReason.NO_DESTINATION)
+    assert result == Route(
+        dropped=DropReason.NO_DESTINATION,
+        excluded=(("hooks-off", DropReason.DESTINATION_DISABLED),),
+    )
 
 
 def test_blocked_track_event() -> None:
@@ -113,7 +116,26 @@ def test_integrations_filter(integrations: dict[str, Any], expected: list[str]) 
 @pytest.mark.parametrize("integrations", [{"All": False}, {"Webhooks": False, "Hooks EU": False}])
 def test_integrations_turning_everything_off(integrations: dict[str, Any]) -> None:
     raw = {"type": "identify", "userId": "u", "integrations": integrations}
-    assert route(call(raw), TABLE) == Route(dropped=DropReason.NO_DESTINATION)
+    assert route(call(raw), TABLE) == Route(
+        dropped=DropReason.NO_DESTINATION,
+        excluded=(
+            ("hooks-off", DropReason.DESTINATION_DISABLED),
+            ("hooks-a", DropReason.INTEGRATIONS),
+            ("hooks-b", DropReason.INTEGRATIONS),
+        ),
+    )
+
+
+def test_each_connected_destination_left_out_is_named_with_its_reason() -> None:
+    raw = {"type": "track", "userId": "u", "event": "E", "integrations": {"Hooks EU": False}}
+    result = route(call(raw), TABLE)
+    assert ids(result) == ["hooks-b"]
+    assert result.excluded == (
+        ("hooks-off", DropReason.DESTINATION_DISABLED),
+        ("hooks-a", DropReason.INTEGRATIONS),
+    )
+    plain = route(call({"type": "identify", "userId": "u"}, "ios"), TABLE)
+    assert plain.excluded == (("hooks-off", DropReason.DESTINATION_DISABLED),)
 
 
 def test_integrations_cannot_enable_a_disabled_destination() -> None:
@@ -129,4 +151,10 @@ def test_delete_calls_ignore_integrations() -> None:
 
 
 def test_drop_reason_labels() -> None:
-    assert {r.value for r in DropReason} == {"blocked_event", "no_destination", "unknown_source"}
+    assert {r.value for r in DropReason} == {
+        "blocked_event",
+        "no_destination",
+        "unknown_source",
+        "integrations",
+        "destination_disabled",
+    }

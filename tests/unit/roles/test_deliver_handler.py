@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import ConfigTable, Destination, Source
 from pipeline.core.outcomes import Failure, UrlResult
-from pipeline.core.records import Delivery, delivery_to_record
+from pipeline.core.records import Attempt, Delivery, delivery_to_record
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
@@ -56,6 +56,7 @@ def run(
     sender: FakeSender,
     codec: Any = CODEC,
     loop: FakeLoop | None = None,
+    settings: Settings | None = None,
 ) -> tuple[DeliveryHandler, FakeLoop, FakeProducer, list[Any]]:
     loop, producer = loop or FakeLoop(), FakeProducer()
     batch = [
@@ -67,7 +68,7 @@ def run(
         handler = DeliveryHandler(
             "deliver",
             [TOPICS.deliveries],
-            settings=Settings(),
+            settings=settings or Settings(),
             topics=TOPICS,
             follower=FakeFollower(TABLE),  # type: ignore[arg-type]
             producer=producer,  # type: ignore[arg-type]
@@ -85,20 +86,52 @@ def run(
 
 
 def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, dict[str, Any]]]:
+    """What was produced besides the delivery log."""
     out = []
     for topic, key, value in producer.sent:
-        name = "DeadLetter" if topic == TOPICS.dlq else "Delivery"
-        out.append((topic, key, CODEC.decode(name, value)))
+        if topic != TOPICS.log:
+            name = "DeadLetter" if topic == TOPICS.dlq else "Delivery"
+            out.append((topic, key, CODEC.decode(name, value)))
     return out
 
 
-def test_delivered_is_finished_with_nothing_produced() -> None:
+def logged(producer: FakeProducer) -> list[tuple[str, ...]]:
+    """The delivery log's entries produced, as (kind, destination, and what matters of it)."""
+    entries: list[tuple[str, ...]] = []
+    for topic, key, value in producer.sent:
+        if topic != TOPICS.log:
+            continue
+        record = CODEC.decode("LogRecord", value)
+        assert key == record["messageId"].encode() == b"m1"
+        for e in record["entries"]:
+            detail = {
+                "attempt": f"{e['attempt']}:{e['status']}:{e['error']}:{e['response']}",
+                "retry_scheduled": f"tier {e['tier']} {e['reason']}",
+                "dead_lettered": e["reason"],
+            }.get(e["kind"], "")
+            entries.append((e["kind"], e["destination"], detail))
+    return entries
+
+
+def test_delivered_is_finished_with_nothing_produced_but_its_log() -> None:
     sender = FakeSender(lambda d: [OK])
     _, loop, producer, batch = run([encoded(delivery())], sender)
     assert [(d, body, mid, final) for d, body, mid, final, _ in sender.attempts] == [
         ("hooks", b'{"a":1}', "m1", False)
     ]
-    assert producer.sent == [] and loop.finished == batch
+    assert sent(producer) == [] and loop.finished == batch
+    assert logged(producer) == [
+        ("attempt", "hooks", "1:200::"),
+        ("delivered", "hooks", ""),
+    ]
+
+
+def test_without_the_log_nothing_is_logged() -> None:
+    for answer in (OK, E503, E404):
+        _, _, producer, _ = run(
+            [encoded(delivery())], FakeSender(lambda d, a=answer: [a]), settings=Settings(log=False)
+        )
+        assert logged(producer) == [] and len(producer.sent) == (answer is not OK)
 
 
 def test_retryable_failure_goes_to_the_first_tier_under_the_same_key() -> None:
@@ -113,6 +146,19 @@ def test_retryable_failure_goes_to_the_first_tier_under_the_same_key() -> None:
         (URL, 503, "server_error: 503")
     ]
     assert loop.finished == batch
+    assert logged(producer) == [
+        ("attempt", "hooks", "1:503:server_error:"),
+        ("retry_scheduled", "hooks", "tier 0 "),
+    ]
+
+
+def test_a_failed_answers_body_is_logged_up_to_1_kb_and_attempts_are_numbered() -> None:
+    long = "x" * 3000
+    failed = UrlResult(URL, 503, Failure.SERVER_ERROR, long[:200], response=long[:1024])
+    earlier = delivery(tier=0, attempts=(Attempt(1, URL, 503, "server_error", 5),))
+    _, _, producer, _ = run([encoded(earlier)], FakeSender(lambda d: [failed]))
+    [attempt, _] = logged(producer)
+    assert attempt == ("attempt", "hooks", f"2:503:server_error:{'x' * 1024}")
 
 
 @pytest.mark.parametrize("answer", [E503, E404, OK])
@@ -145,6 +191,10 @@ def test_permanent_failure_is_dead_lettered_with_where_it_came_from() -> None:
     assert where == (TOPICS.deliveries, 2, 10)
     assert letter["delivery"]["messageId"] == "m1" and len(letter["delivery"]["attempts"]) == 1
     assert letter["raw"] is None and loop.finished == batch
+    assert logged(producer) == [
+        ("attempt", "hooks", "1:404:client_error:"),
+        ("dead_lettered", "hooks", "client_error"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -158,6 +208,7 @@ def test_destination_gone_or_off_is_dead_lettered_without_a_request(
     [(topic, key, letter)] = sent(producer)
     assert (topic, key, letter["reason"]) == (TOPICS.dlq, destination.encode(), reason)
     assert sender.attempts == [] and loop.finished == batch
+    assert logged(producer) == [("dead_lettered", destination, reason)]
 
 
 def test_past_the_deadline_is_dead_lettered_without_a_request() -> None:
@@ -177,6 +228,7 @@ def test_every_circuit_open_goes_to_the_next_tier_without_a_request() -> None:
     [(topic, _, record)] = sent(producer)
     assert topic == TOPICS.retry[0] and record["attempts"][0]["error"] == "circuit_open"
     assert sender.attempts == [] and loop.finished == batch
+    assert logged(producer) == [("retry_scheduled", "hooks", "tier 0 circuit_open")]
 
 
 def test_undecodable_is_dead_lettered_raw() -> None:

@@ -35,7 +35,7 @@ def call_value(raw: dict[str, Any]) -> bytes:
 
 
 def run(
-    values: list[bytes | None], codec: Any = CODEC
+    values: list[bytes | None], codec: Any = CODEC, **options: Any
 ) -> tuple[RouterHandler, FakeLoop, FakeProducer, list[Any]]:
     loop, producer = FakeLoop(), FakeProducer()
     batch = [taken(TOPICS.calls, v, partition=1, offset=i) for i, v in enumerate(values)]
@@ -47,11 +47,66 @@ def run(
             producer=producer,  # type: ignore[arg-type]
             stop=asyncio.Event(),
             codec=codec,
+            **options,
         )
         await handler.handle(batch, loop)  # type: ignore[arg-type]
         return handler
 
     return asyncio.run(go()), loop, producer, batch
+
+
+def test_the_log_records_each_calls_fate_beside_its_delivery_records() -> None:
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    blocked = {"type": "track", "event": "Heartbeat", "anonymousId": "a2", "messageId": "m2"}
+    off = {"type": "identify", "userId": "u3", "messageId": "m3", "integrations": {"All": False}}
+    values = [call_value(track), call_value(blocked), call_value(off), b"junk"]
+    _, loop, producer, batch = run(values, log=True)
+    logs = [(key, CODEC.decode("LogRecord", v)) for t, key, v in producer.sent if t == TOPICS.log]
+    assert [key for key, _ in logs] == [b"m1", b"m2", b"m3"]  # nothing for the undecodable one
+    first, second, third = (record for _, record in logs)
+    assert (first["sourceId"], first["callType"], first["userId"], first["event"]) == (
+        "web",
+        "track",
+        "u1",
+        "Order",
+    )
+
+    def kinds(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [
+            (e["kind"], e["destination"], e["reason"], e["destinations"]) for e in record["entries"]
+        ]
+
+    assert kinds(first) == [("received", "", "", []), ("routed", "", "", ["hooks-a", "hooks-b"])]
+    assert first["entries"][0]["size"] == len(values[0]) and first["entries"][0]["at"] == 1
+    assert first["entries"][0]["body"] is None  # bodies only with PIPELINE_LOG_BODIES
+    assert second["anonymousId"] == "a2"
+    assert kinds(second) == [("received", "", "", []), ("dropped", "", "blocked_event", [])]
+    assert kinds(third) == [
+        ("received", "", "", []),
+        ("dropped", "", "no_destination", []),
+        ("dropped", "hooks-a", "integrations", []),
+        ("dropped", "hooks-b", "integrations", []),
+    ]
+    assert len([t for t, _, _ in producer.sent if t == TOPICS.deliveries]) == 2
+    assert loop.finished == batch
+
+
+def test_the_log_holds_call_bodies_only_when_asked_to() -> None:
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    blocked = {"type": "track", "event": "Heartbeat", "userId": "u2", "messageId": "m2"}
+    _, _, producer, _ = run([call_value(track), call_value(blocked)], log=True, log_bodies=True)
+    bodies = [
+        CODEC.decode("LogRecord", v)["entries"][0]["body"]
+        for t, _, v in producer.sent
+        if t == TOPICS.log
+    ]
+    expected = [
+        render_body(parse_call(raw, source_id="web", received_at=1)).decode()
+        for raw in (track, blocked)
+    ]
+    assert bodies == expected
+    _, _, quiet, _ = run([call_value(track)])
+    assert [t for t, _, _ in quiet.sent] == [TOPICS.deliveries, TOPICS.deliveries]
 
 
 def test_a_batch_routes_drops_and_dead_letters_then_finishes_every_record() -> None:
