@@ -81,6 +81,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
         PIPELINE_MAX_IN_FLIGHT=str(settings.max_in_flight),
         PIPELINE_TRANSACTIONS="on" if settings.transactions else "off",
         PIPELINE_COMMIT_INTERVAL=f"{settings.commit_interval}s",
+        PIPELINE_LOG="on" if settings.log else "off",
+        PIPELINE_LOG_BODIES="on" if settings.log_bodies else "off",
+        PIPELINE_LOG_STORE_URL=settings.log_store_url,
+        PIPELINE_LOG_RETENTION=f"{settings.log_retention}s",
     )
     return env
 

@@ -8,7 +8,7 @@ Every command takes ``--bootstrap-servers`` (env ``PIPELINE_BOOTSTRAP_SERVERS``)
 ``--topic-prefix`` (env ``PIPELINE_TOPIC_PREFIX``); timing knobs are environment settings
 (``PIPELINE_RETRY_DELAYS``, ``PIPELINE_RETRY_DEADLINE``, ``PIPELINE_DELIVERY_TIMEOUT``).
 Exit codes: 0 success, 1 some input rejected or a check failed, 2 usage or config error,
-3 Kafka or the Schema Registry unavailable.
+3 Kafka, the Schema Registry or the log store unavailable.
 """
 
 from __future__ import annotations
@@ -27,13 +27,20 @@ from pipeline.commands import (
     dev,
     dlq,
     ingest,
+    log_queries,
     receiver,
     roles,
     send,
     topics,
 )
 from pipeline.commands._args import common_flags, settings_from
-from pipeline.core.exceptions import BrokerUnavailable, ConfigError, InvalidCall, PipelineError
+from pipeline.core.exceptions import (
+    BrokerUnavailable,
+    ConfigError,
+    InvalidCall,
+    PipelineError,
+    StoreUnavailable,
+)
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 
 __all__ = ["main", "build_parser"]
@@ -41,7 +48,20 @@ __all__ = ["main", "build_parser"]
 log = logging.getLogger("pipeline")
 
 #: In the order ``pipeline --help`` lists them.
-COMMANDS = (dev, broker, topics, config, roles, send, dlq, delete_user, audience, ingest, receiver)
+COMMANDS = (
+    dev,
+    broker,
+    topics,
+    config,
+    roles,
+    log_queries,
+    send,
+    dlq,
+    delete_user,
+    audience,
+    ingest,
+    receiver,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except BrokerUnavailable as exc:
         print(f"error: Kafka unavailable: {exc}", file=sys.stderr)
+        return 3
+    except StoreUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 3
     except (PipelineError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -159,14 +159,15 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
         await asyncio.to_thread(apply_config, settings, config)
         _say("▸ applied the demo config: source 'demo' → destination 'demo-webhooks'")
 
+        roles = ["router", "deliver", "retry"]
+        if settings.log:
+            # The broker is new, so is its log: a store of an earlier run would skip its offsets.
+            await asyncio.to_thread(_fresh_log_store, settings)
+            roles.append("log-store")
         ready = asyncio.Event()
-        worker = asyncio.create_task(
-            run_roles(settings, ("router", "deliver", "retry"), stop, ready=ready)
-        )
+        worker = asyncio.create_task(run_roles(settings, roles, stop, ready=ready))
         await _first(ready.wait(), worker)
-        _say(
-            "▸ worker running: router, deliver, retry (joining consumer groups takes a few seconds)"
-        )
+        _say(f"▸ worker running: {', '.join(roles)} (joining consumer groups takes a few seconds)")
 
         ingest, ingest_url = await start_ingest(settings, "127.0.0.1", ingest_port)
         _say(
@@ -195,7 +196,13 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
             f"""-d '{{"userId":"u9","event":"Hello"}}' {ingest_url}/v1/track\n"""
             f"  pipeline send calls.jsonl --write-key {DEMO_WRITE_KEY} "
             f"--bootstrap-servers {settings.bootstrap_servers}\n"
-            "Ctrl-C stops everything."
+            + (
+                f"  pipeline log --bootstrap-servers {settings.bootstrap_servers}   "
+                "(then: pipeline trace MESSAGE_ID, pipeline stats)\n"
+                if settings.log
+                else ""
+            )
+            + "Ctrl-C stops everything."
         )
         await _first(stop.wait(), worker)
     finally:
@@ -213,6 +220,19 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
         logging.getLogger("pipeline.rdkafka").setLevel(logging.ERROR)
         await asyncio.to_thread(broker.stop)
         _say("▸ stopped.")
+
+
+def _fresh_log_store(settings: Settings) -> None:
+    from pipeline.core.settings import default_log_store_url
+    from pipeline.store import masked_url, open_store
+
+    url = default_log_store_url(settings)
+    store = open_store(url)
+    try:
+        store.reset()
+    finally:
+        store.close()
+    _say(f"▸ delivery log store: {masked_url(url)} (emptied: the broker is new)")
 
 
 async def _first(awaitable: Any, worker: asyncio.Task[None]) -> None:

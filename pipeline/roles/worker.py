@@ -1,6 +1,6 @@
-"""Runs one or more roles (router, deliver, retry) in one process, sharing config, producer and
-HTTP session. Consumer groups are ``<topic prefix><role>``: scaling out means starting more
-processes with the same settings.
+"""Runs one or more roles (router, deliver, retry, log-store) in one process, sharing config,
+producer and HTTP session. Consumer groups are ``<topic prefix><role>`` (the log-store's also names
+its store): scaling out means starting more processes with the same settings.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
 from pipeline.roles.deliver import DeliveryHandler
+from pipeline.roles.log_store import run_log_store
 from pipeline.roles.router import RouterHandler
 
 __all__ = ["ROLES", "run_roles", "group_id"]
 
 log = logging.getLogger("pipeline.worker")
 
-ROLES = ("router", "deliver", "retry")
+ROLES = ("router", "deliver", "retry", "log-store")
 
 #: The retry role pauses a partition and seeks back to a record that is not due yet; after the
 #: resume, librdkafka fetches again only once the fetch it had outstanding returns, which takes
@@ -68,6 +69,8 @@ async def run_roles(
                 if settings.transactions
                 else None,
                 retake_after=settings.session_timeout or 45.0,
+                log=settings.log,
+                log_bodies=settings.log_bodies,
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(
@@ -103,7 +106,10 @@ async def run_roles(
         log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
         if ready is not None:
             ready.set()
-        await asyncio.gather(*(loop.run(stop) for loop in loops))
+        # The log-store opens its store (waiting for it while it is down) beside the others:
+        # nothing of the delivery path waits for it.
+        stores = [run_log_store(settings, topics, codec, stop)] if "log-store" in roles else []
+        await asyncio.gather(*(loop.run(stop) for loop in loops), *stores)
         for fatal in (getattr(loop.handler, "fatal", None) for loop in loops):
             if fatal is not None:
                 raise fatal

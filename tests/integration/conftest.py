@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,8 +41,9 @@ def broker() -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture
-def settings(broker: EmbeddedBroker) -> Settings:
-    """Settings for one test: a unique topic prefix, fast timings, topics created."""
+def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+    """Settings for one test: a unique topic prefix, fast timings, topics created, the delivery
+    log's store a file of the test's own."""
     settings = Settings(
         bootstrap_servers=broker.bootstrap_servers,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
@@ -57,6 +59,7 @@ def settings(broker: EmbeddedBroker) -> Settings:
         # readers (docs/decisions.md); the transaction tests turn them on themselves.
         transactions=False,
         circuit_cool_down=1.0,
+        log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
     )
     create_topics(settings)
     return settings
@@ -179,7 +182,7 @@ def calls_topic(settings: Settings) -> Iterator[CallsTopic]:
 
 
 @pytest.fixture(scope="module")
-def shared_settings(broker: EmbeddedBroker) -> Settings:
+def shared_settings(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """One topic prefix, config and ingest server for a whole module (they take seconds to
     start); tests keep apart by tagging their user ids (``tag``, ``tagged_calls``)."""
     settings = Settings(
@@ -189,6 +192,7 @@ def shared_settings(broker: EmbeddedBroker) -> Settings:
         retry_partitions=1,
         session_timeout=6.0,
         transactions=False,  # as in ``settings``
+        log_store_url=f"sqlite:///{tmp_path_factory.mktemp('log') / 'log.sqlite3'}",
     )
     create_topics(settings)
     apply(settings, ingest_config())
@@ -214,3 +218,24 @@ def tagged_calls(shared_settings: Settings, tag: str) -> Iterator[CallsTopic]:
     reader = CallsTopic(shared_settings, tag)
     yield reader
     reader.close()
+
+
+# ---- PostgreSQL (the log store's server backend) ----
+# One server per xdist worker, started the first time a test asks for it (tests/pg_server.py);
+# a fresh database per test.
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    from tests.pg_server import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> Iterator[str]:
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield postgres_server.create_database(name)
+    postgres_server.drop_database(name)

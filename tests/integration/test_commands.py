@@ -51,6 +51,10 @@ def test_every_command_module_registers_and_dispatches():
         ["traits", "sync", "--source", "s", "--name", "n", "--values", "-"],
         ["ingest"],
         ["receiver"],
+        ["trace", "m1"],
+        ["log"],
+        ["stats"],
+        ["log-store"],
     ]
     seen = set()
     for argv in samples:

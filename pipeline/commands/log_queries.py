@@ -1,0 +1,190 @@
+"""``pipeline trace|log|stats``: questions to the delivery log's store.
+
+``trace MESSAGE_ID``: a call's journey and where it stands per destination. ``log``: one line a
+call and destination, newest first, filtered. ``stats``: per destination, over a window.
+``--json`` prints JSON lines with stable field names (README, "The delivery log").
+
+They read the store that ``pipeline log-store`` writes (``PIPELINE_LOG_STORE_URL``, or the
+embedded file of these settings); they do not need Kafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pipeline.commands._args import Subparsers
+from pipeline.core.settings import Settings
+
+__all__ = ["register", "run"]
+
+STATES = ("delivered", "failed", "waiting", "dead_lettered", "dropped", "routed", "suppressed")
+
+
+def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    trace = sub.add_parser(
+        "trace",
+        parents=[common],
+        help="a call's journey and its state per destination",
+        description="Every decision about one call, in time order, and where it stands now "
+        "for each destination: delivered, waiting (tier N until T), dead_lettered (reason), "
+        "dropped (reason).",
+    )
+    trace.add_argument("message_id", metavar="MESSAGE_ID")
+    _json_flag(trace)
+    trace.set_defaults(run=run)
+
+    log = sub.add_parser(
+        "log",
+        parents=[common],
+        help="calls and their outcomes, newest first",
+        description="One line a call and destination, newest first.",
+    )
+    log.add_argument("--destination", metavar="D", help="only this destination id")
+    log.add_argument("--source", metavar="S", help="only this source id")
+    log.add_argument("--user", metavar="U", help="only this userId or anonymousId")
+    log.add_argument("--type", metavar="T", dest="call_type", help="only this call type")
+    log.add_argument(
+        "--state",
+        choices=STATES,
+        help="only calls in this state now (failed: at least one attempt failed)",
+    )
+    _window_flags(log, since=None)
+    log.add_argument(
+        "--limit", type=_positive, default=50, metavar="N", help="at most N lines (default 50)"
+    )
+    _json_flag(log)
+    log.set_defaults(run=run)
+
+    stats = sub.add_parser(
+        "stats",
+        parents=[common],
+        help="per destination: attempts, success ratio, p50/p95, errors, waiting, dead letters",
+    )
+    _window_flags(stats, since="1h")
+    _json_flag(stats)
+    stats.set_defaults(run=run)
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON lines, for scripts")
+
+
+def _window_flags(parser: argparse.ArgumentParser, *, since: str | None) -> None:
+    default = f" (default {since})" if since else ""
+    parser.add_argument(
+        "--since",
+        default=since,
+        metavar="T",
+        help=f"from T: a time (2026-11-21T07:00:00Z) or a duration ago (2h, 30m){default}",
+    )
+    parser.add_argument("--until", metavar="T", help="up to T: a time or a duration ago")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    from pipeline.core.timestamps import now_ms, parse_when
+
+    now = now_ms()
+    since = None if args.since is None else parse_when(args.since, now=now, name="--since")
+    until = None if args.until is None else parse_when(args.until, now=now, name="--until")
+    if since is not None and until is not None and until <= since:
+        raise ValueError(f"--until ({args.until}) is not after --since ({args.since})")
+    return since, until
+
+
+def _open(settings: Settings) -> Any:
+    from pipeline.core.settings import default_log_store_url
+    from pipeline.store import open_store
+
+    return open_store(default_log_store_url(settings))
+
+
+def _print_json(rows: list[Any]) -> None:
+    out = sys.stdout
+    for row in rows:
+        out.write(json.dumps(row.as_json(), ensure_ascii=False) + "\n")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    query = {"trace": _trace, "log": _log, "stats": _stats}[args.command]
+    return query(args, settings)
+
+
+def _trace(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.store.format import format_trace
+
+    store = _open(settings)
+    try:
+        trace = store.trace(args.message_id)
+    finally:
+        store.close()
+    if trace is None:
+        print(
+            f"trace: no call with messageId {args.message_id!r} in the delivery log",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        _print_json([trace])
+    else:
+        print(format_trace(trace))
+    return 0
+
+
+def _log(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.store import LogQuery
+    from pipeline.store.format import format_log
+
+    since, until = _window(args)
+    query = LogQuery(
+        destination=args.destination,
+        source=args.source,
+        user=args.user,
+        call_type=args.call_type,
+        state=args.state,
+        since_ms=since,
+        until_ms=until,
+        limit=args.limit,
+    )
+    store = _open(settings)
+    try:
+        rows = store.log(query)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(rows)
+    elif rows:
+        print(format_log(rows))
+    else:
+        print("log: no calls match", file=sys.stderr)
+    return 0
+
+
+def _stats(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.store.format import format_stats
+
+    since, until = _window(args)
+    store = _open(settings)
+    try:
+        rows = store.stats(since or 0, until)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(rows)
+    elif rows:
+        print(format_stats(rows))
+    else:
+        print("stats: no deliveries in that window", file=sys.stderr)
+    return 0
