@@ -39,16 +39,10 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEPLOY = ROOT / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "pipeline.json"
-ROLES = ("ingest", "router", "deliver", "retry")
+ROLES = ("ingest", "router", "deliver", "retry", "log-store")
 
 
 # ---- system tools ------------------------------------------------------------------------------
-
-
-
-
-
-
 
 
 def run_tool(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -156,7 +150,9 @@ def test_compose_services_images_healthchecks_and_restart_policies(compose):
         "receiver",
         "prometheus",
         "grafana",
+        "postgres",
     }
+    assert svc["postgres"]["image"].startswith("postgres:")
     assert svc["kafka"]["image"].startswith("apache/kafka:")
     assert svc["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert svc["schema-registry"]["image"].startswith("confluentinc/cp-schema-registry:")
@@ -258,7 +254,7 @@ def test_compose_runs_real_pipeline_commands(compose):
     assert "topic-init:topics" in seen and "topic-init:config" in seen
     assert "receiver:receiver" in seen
     # Workers serve /metrics where their healthcheck and Prometheus look.
-    for role in ("router", "deliver", "retry"):
+    for role in ("router", "deliver", "retry", "log-store"):
         assert option(seen[f"{role}:{role}"], "--metrics-port") == "9100", role
         assert "9100" in " ".join(svc[role]["healthcheck"]["test"]), role
     for name in ("ingest", "receiver"):
@@ -343,7 +339,8 @@ def test_dockerfile_is_slim_non_root_and_installs_the_project():
     user = [i[1] for i in instructions if i[0] == "USER"]
     assert user and user[-1].split(":")[0] not in ("root", "0"), user
     assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN")
-    assert re.search(r"pip install \.(\s|$)", text)
+    # The project itself, with the PostgreSQL driver of the log store.
+    assert re.search(r"pip install \"\.\[postgres\]\"(\s|$)", text)
     assert ["ENTRYPOINT", '["pipeline"]'] in instructions
     copied = {i[1].split()[0] for i in instructions if i[0] == "COPY"}
     assert {"schemas", "pipeline"} <= copied
