@@ -35,6 +35,12 @@ Sections (the issue's numbering):
    alternated), and one ``pipeline router`` process alone turning a backlog of calls into delivery
    records, with and without transactions (calls/s until its group's committed offsets reach the
    end of ``calls``).
+10. The delivery log: section 1's end to end with the log on (the worker also runs its log-store)
+    against ``PIPELINE_LOG=off`` (same run, alternated); then one ``pipeline log-store`` writing
+    that run's whole log (a backlog) into a new embedded store, against what the pipeline's top
+    rate asks of it (two log records per delivered call). The store's own figures (ingest into
+    an empty and a 10-million-entry store, trace/log/stats at 10 million entries, disk per million
+    attempts) are ``python -m bench.log_store`` (its first run builds and caches the big store).
 """
 
 from __future__ import annotations
@@ -615,6 +621,132 @@ def section_router(bench: Bench) -> None:
     )
 
 
+# ---- 10: the delivery log --------------------------------------------------------------------------
+
+
+def log_backlog(deployment: Deployment) -> int:
+    """Records on the deployment's ``deliveries.log`` (to their ends)."""
+    return sum(1 for _ in read_topic(deployment.settings, deployment.topics.log))
+
+
+def store_positions(url: str) -> int:
+    """Log records the store at ``url`` has written (the sum of its partitions' positions)."""
+    from pipeline.store import open_store
+
+    try:
+        store = open_store(url)
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+    try:
+        return sum(store.positions().values())
+    finally:
+        store.close()
+
+
+def log_store_rate(deployment: Deployment, records: int, name: str) -> float:
+    """One ``pipeline log-store`` on a new store over the deployment's log (``records`` of
+    them): records/s from its first write until its store holds them all (its start-up and
+    group join are not counted)."""
+    url = f"{deployment.log_store_url}.{name}"
+    worker = Worker("log-store", deployment.env(PIPELINE_LOG_STORE_URL=url), name)
+    try:
+        deadline = time.monotonic() + 300
+        while (first := store_positions(url)) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("log-store wrote nothing")
+            time.sleep(0.01)
+        started = time.monotonic()
+        while (written := store_positions(url)) < records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"log-store wrote {written} of {records}")
+            time.sleep(0.05)
+        return (records - first) / (time.monotonic() - started)
+    finally:
+        worker.stop()
+
+
+def section_log(bench: Bench) -> None:
+    calls = bench.n(20000)
+    receiver = Receiver()
+    # on: the worker as shipped, its log-store process beside it on this 2-core machine;
+    # produced: the log produced, its log-store elsewhere (``--no-log-store``); off: no log.
+    commands = {
+        "on": ("worker", "on"),
+        "produced": ("worker --no-log-store", "on"),
+        "off": ("worker", "off"),
+    }
+    modes = {mode: Deployment(bench.bootstrap, f"log-{mode}") for mode in commands}
+    workers = []
+    figures: dict[str, list[float]] = {mode: [] for mode in commands}
+    try:
+        for mode, deployment in modes.items():
+            deployment.apply({"s": [("d1", [receiver.url()])]})
+            command, logging_on = commands[mode]
+            env = deployment.env(PIPELINE_LOG=logging_on)
+            workers.append(Worker(command, env, f"log-{mode}"))
+        for deployment in modes.values():
+            warm_up(receiver, deployment, "s")
+        for run in range(bench.runs):
+            order = list(commands) if run % 2 == 0 else list(reversed(commands))
+            for mode in order:
+                figures[mode].append(pipeline_rate(receiver, modes[mode], "s", calls))
+            log(
+                f"10 run {run + 1}: log on {figures['on'][-1]:,.0f}/s, produced only "
+                f"{figures['produced'][-1]:,.0f}/s, off {figures['off'][-1]:,.0f}/s"
+            )
+    finally:
+        for worker in workers:
+            worker.stop()
+        receiver.stop()
+    ratios = [a / b for a, b in zip(figures["on"], figures["off"], strict=True)]
+    produced = [a / b for a, b in zip(figures["produced"], figures["off"], strict=True)]
+    records = log_backlog(modes["on"])
+    ingest = []
+    for run in range(bench.runs):
+        ingest.append(log_store_rate(modes["on"], records, f"log-store-{run}"))
+        log(f"10 log-store run {run + 1}: {ingest[-1]:,.0f} records/s")
+    # What the pipeline at its top rate asks of the store: a delivered call is two log records.
+    needed = 2 * max(figures["on"])
+    bench.rows += [
+        Row(
+            "10",
+            f"end to end producing the delivery log (`worker --no-log-store`), {calls:,} calls "
+            "(events/s)",
+            fmt(median(figures["produced"])),
+            f"`PIPELINE_LOG=off`: {fmt(median(figures['off']))}",
+            fmt(median(produced)),
+            "≥ 0.9",
+            median(produced) >= 0.9,
+            [
+                f"{a:,.0f}/{b:,.0f}"
+                for a, b in zip(figures["produced"], figures["off"], strict=True)
+            ],
+        ),
+        Row(
+            "10",
+            f"end to end with the log and its log-store process on the same 2 cores, {calls:,} "
+            "calls (events/s)",
+            fmt(median(figures["on"])),
+            f"`PIPELINE_LOG=off`: {fmt(median(figures['off']))}",
+            fmt(median(ratios)),
+            "≥ 0.9",
+            median(ratios) >= 0.9,
+            [f"{a:,.0f}/{b:,.0f}" for a, b in zip(figures["on"], figures["off"], strict=True)],
+        ),
+        Row(
+            "10",
+            f"one `pipeline log-store` (embedded store), a backlog of {records:,} log records, "
+            "first write to last (records/s)",
+            fmt(median(ingest)),
+            f"the pipeline's top rate needs {fmt(needed)}",
+            fmt(median(ingest) / needed, "×"),
+            "≥ 20,000/s and ≥ 1×",
+            median(ingest) >= 20000 and median(ingest) >= needed,
+            [f"{r:,.0f}" for r in ingest],
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -623,6 +755,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "4": section_ingest,  # also 5
     "7": section_rss,
     "9": section_router,
+    "10": section_log,
 }
 
 

@@ -184,9 +184,15 @@ class Deployment:
             # As `pipeline dev` on the embedded broker, whose transactions can stall readers
             # (docs/decisions.md); sections 1 and 9 measure the router with them on.
             PIPELINE_TRANSACTIONS="off",
+            # Each deployment's delivery log store: a file of its own, beside the worker logs.
+            PIPELINE_LOG_STORE_URL=self.log_store_url,
         )
         env.update(extra)
         return env
+
+    @property
+    def log_store_url(self) -> str:
+        return f"sqlite:///{LOG_DIR / (self.settings.topic_prefix + 'log.sqlite3')}"
 
     def call_records(self, source: str, count: int) -> Iterable[tuple[bytes, bytes]]:
         """(key, value) of ``count`` encoded track calls from ``source``."""
