@@ -223,16 +223,9 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
 
 
 def _fresh_log_store(settings: Settings) -> None:
-    from pipeline.core.settings import default_log_store_url
-    from pipeline.store import masked_url, open_store
+    from pipeline.roles.log_store import empty_store
 
-    url = default_log_store_url(settings)
-    store = open_store(url)
-    try:
-        store.reset()
-    finally:
-        store.close()
-    _say(f"▸ delivery log store: {masked_url(url)} (emptied: the broker is new)")
+    _say(f"▸ delivery log store: {empty_store(settings)} (emptied: the broker is new)")
 
 
 async def _first(awaitable: Any, worker: asyncio.Task[None]) -> None:

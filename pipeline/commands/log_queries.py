@@ -125,11 +125,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _trace(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.store.format import format_trace
 
-    store = _open(settings)
-    try:
+    with _open(settings) as store:
         trace = store.trace(args.message_id)
-    finally:
-        store.close()
     if trace is None:
         print(
             f"trace: no call with messageId {args.message_id!r} in the delivery log",
@@ -158,11 +155,8 @@ def _log(args: argparse.Namespace, settings: Settings) -> int:
         until_ms=until,
         limit=args.limit,
     )
-    store = _open(settings)
-    try:
+    with _open(settings) as store:
         rows = store.log(query)
-    finally:
-        store.close()
     if args.json:
         _print_json(rows)
     elif rows:
@@ -176,11 +170,8 @@ def _stats(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.store.format import format_stats
 
     since, until = _window(args)
-    store = _open(settings)
-    try:
+    with _open(settings) as store:
         rows = store.stats(since or 0, until)
-    finally:
-        store.close()
     if args.json:
         _print_json(rows)
     elif rows:

@@ -97,20 +97,11 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
 
 
 def _rebuild(settings: Settings) -> None:
-    """Empty the store; it gets a new id, so its consumer group reads the log from the start."""
-    from pipeline.core.settings import default_log_store_url
-    from pipeline.store import masked_url, open_store
+    from pipeline.roles.log_store import empty_store
 
-    url = default_log_store_url(settings)
-    store = open_store(url)
-    try:
-        store.reset()
-    finally:
-        store.close()
+    shown = empty_store(settings)
     print(
-        f"log-store: emptied {masked_url(url)}; writing the retained log again",
-        file=sys.stderr,
-        flush=True,
+        f"log-store: emptied {shown}; writing the retained log again", file=sys.stderr, flush=True
     )
 
 

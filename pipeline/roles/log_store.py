@@ -35,7 +35,7 @@ from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
 
-__all__ = ["LogStoreHandler", "run_log_store", "EXPIRE_EVERY"]
+__all__ = ["LogStoreHandler", "run_log_store", "empty_store", "EXPIRE_EVERY"]
 
 log = logging.getLogger("pipeline.log_store")
 
@@ -134,6 +134,15 @@ class LogStoreHandler:
     async def aclose(self) -> None:
         if self._writer is not None:
             await asyncio.wait([self._writer], timeout=10)
+
+
+def empty_store(settings: Settings) -> str:
+    """Empty the settings' store (a rebuild); it gets a new id, so its consumer group reads the
+    log from the start. Returns the store's URL, password masked."""
+    url = default_log_store_url(settings)
+    with open_store(url) as store:
+        store.reset()
+    return masked_url(url)
 
 
 def log_store_group(settings: Settings, store: LogStore) -> str:

@@ -27,6 +27,7 @@ from tests.support import (
     apply,
     run_cli,
     send_calls,
+    simple_config,
     started,
     topic_ends,
     wait_for,
@@ -294,15 +295,7 @@ def test_with_the_log_off_nothing_is_logged(
 ) -> None:
     receiver = receiver_factory()
     quiet = settings.replace(log=False, log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}")
-    apply(
-        quiet,
-        {
-            "sources": [{"id": "web", "write_keys": ["wk"]}],
-            "destinations": [
-                {"id": "h", "name": "H", "sources": ["web"], "webhooks": [{"url": receiver.url}]}
-            ],
-        },
-    )
+    apply(quiet, simple_config(receiver.url))
     worker = InProcessWorker(quiet, ("router", "deliver"))
     try:
         send_calls(quiet, [{"type": "identify", "userId": "u"}], "wk")
@@ -342,15 +335,7 @@ def test_log_store_killed_and_restarted_loses_no_row_and_doubles_none(
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     receiver = receiver_factory()
-    apply(
-        logged,
-        {
-            "sources": [{"id": "web", "write_keys": ["wk"]}],
-            "destinations": [
-                {"id": "h", "name": "H", "sources": ["web"], "webhooks": [{"url": receiver.url}]}
-            ],
-        },
-    )
+    apply(logged, simple_config(receiver.url))
     worker = InProcessWorker(logged, ("router", "deliver"))
     try:
         send_calls(logged, many_calls(CALLS), "wk")
@@ -384,15 +369,7 @@ def test_rebuild_writes_the_same_rows_again(
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     receiver = receiver_factory()
-    apply(
-        logged,
-        {
-            "sources": [{"id": "web", "write_keys": ["wk"]}],
-            "destinations": [
-                {"id": "h", "name": "H", "sources": ["web"], "webhooks": [{"url": receiver.url}]}
-            ],
-        },
-    )
+    apply(logged, simple_config(receiver.url))
     worker = InProcessWorker(logged, WORKER_ROLES)
     try:
         send_calls(logged, many_calls(50), "wk")
@@ -419,15 +396,7 @@ def test_delivery_goes_on_while_the_store_is_down_and_the_store_catches_up(
     receiver = receiver_factory()
     missing = postgres_url.rsplit("/", 1)[0] + "/not_yet_" + logged.topic_prefix.strip(".")
     settings = logged.replace(log_store_url=missing)
-    apply(
-        settings,
-        {
-            "sources": [{"id": "web", "write_keys": ["wk"]}],
-            "destinations": [
-                {"id": "h", "name": "H", "sources": ["web"], "webhooks": [{"url": receiver.url}]}
-            ],
-        },
-    )
+    apply(settings, simple_config(receiver.url))
     worker = InProcessWorker(settings, WORKER_ROLES)
     try:
         send_calls(settings, many_calls(100), "wk")
@@ -436,3 +405,49 @@ def test_delivery_goes_on_while_the_store_is_down_and_the_store_catches_up(
         wait_for(lambda: store_counts(missing) == (100, 400), timeout=90)
     finally:
         worker.stop()
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs of ``pid``'s child processes (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(child) for child in text]
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_pipeline_worker_writes_the_log_through_a_log_store_process_beside_it(
+    logged: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    receiver = receiver_factory()
+    apply(logged, simple_config(receiver.url))
+    worker, worker_log = started(process_factory, logged, "worker")
+    wait_or_tell(lambda: len(children(worker.pid)) == 1, 30, {"worker": worker_log}, lambda: "")
+    [log_store] = children(worker.pid)
+    send_calls(logged, many_calls(20), "wk")
+    wait_for(lambda: store_counts(logged.log_store_url) == (20, 80), timeout=60)
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(30)
+    wait_for(lambda: gone(log_store), timeout=20)  # stopped with it
+
+
+def test_a_worker_killed_takes_its_log_store_process_with_it(
+    logged: Settings,
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    worker, worker_log = started(process_factory, logged, "worker")
+    wait_or_tell(lambda: len(children(worker.pid)) == 1, 30, {"worker": worker_log}, lambda: "")
+    [log_store] = children(worker.pid)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    wait_for(lambda: gone(log_store), timeout=20)
