@@ -53,7 +53,12 @@ CHUNK = 750
 PACE = 0.05
 #: The deliver role's in-flight limit and the receiver's answer delay: it keeps up with the router,
 #: so the receiver's count follows the delivery records the router produced.
-TRANSACTIONS_ON = {"PIPELINE_TRANSACTIONS": "on"}
+#: With transactions, the delivery log stays off: each router transaction then spans the
+#: deliveries topic only, as when these bounds were measured. Tansu 0.6 sometimes never makes a
+#: killed producer's open transaction readable (docs/decisions.md); the first full run with the
+#: log's records in the router's transactions stalled so here. That the log's records go into the
+#: transaction is tested in tests/unit/roles/test_router_handler.py.
+TRANSACTIONS_ON = {"PIPELINE_TRANSACTIONS": "on", "PIPELINE_LOG": "off"}
 TRANSACTIONS_OFF = {"PIPELINE_TRANSACTIONS": "off"}
 DELIVER_ENV = {"PIPELINE_MAX_IN_FLIGHT": "100", "PIPELINE_COMMIT_INTERVAL": "100ms"}
 RECEIVER_DELAY = 0.01
