@@ -11,16 +11,16 @@ embedded file of these settings); they do not need Kafka.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+import orjson
+
 from pipeline.commands._args import Subparsers
 from pipeline.core.settings import Settings
+from pipeline.store import LOG_STATES
 
 __all__ = ["register", "run"]
-
-STATES = ("delivered", "failed", "waiting", "dead_lettered", "dropped", "routed", "suppressed")
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     log.add_argument("--type", metavar="T", dest="call_type", help="only this call type")
     log.add_argument(
         "--state",
-        choices=STATES,
+        choices=LOG_STATES,
         help="only calls in this state now (failed: at least one attempt failed)",
     )
     _window_flags(log, since=None)
@@ -112,9 +112,8 @@ def _open(settings: Settings) -> Any:
 
 
 def _print_json(rows: list[Any]) -> None:
-    out = sys.stdout
     for row in rows:
-        out.write(json.dumps(row.as_json(), ensure_ascii=False) + "\n")
+        print(orjson.dumps(row.as_json()).decode())
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
