@@ -185,18 +185,68 @@ def _compile(schema: Any, named: dict[str, Any], enclosing: frozenset[str]) -> W
     raise _Unsupported(repr(kind))
 
 
+#: Field writers ``_record`` writes inline, as Python source (the field's value in ``v``): a call
+#: per field cost as much as the field's encoding (the log's entries have 16 fields, most empty).
+_STRING = """\
+if type(v) is not str:
+    raise TypeError(f"a string must be a str, got {type(v).__name__}")
+if v:
+    data = v.encode()
+    size = len(data)
+    out += _SMALL[size] if size < 64 else _varint(size)
+    out += data
+else:
+    out += _EMPTY"""
+_INTEGER = """\
+if type(v) is not int:
+    raise TypeError(f"an Avro KIND must be an int, got {type(v).__name__}")
+if 0 <= v < 64:
+    out += _SMALL[v]
+elif LOW <= v <= HIGH:
+    out += _varint(v)
+else:
+    raise OverflowError(f"{v} does not fit in an Avro KIND")"""
+
+
+def _integer_source(kind: str, low: int, high: int) -> str:
+    return _INTEGER.replace("KIND", kind).replace("LOW", str(low)).replace("HIGH", str(high))
+
+
+_INLINE: dict[Writer, str] = {
+    _write_string: _STRING,
+    _write_long: _integer_source("long", _LONG_MIN, _LONG_MAX),
+    _write_int: _integer_source("int", _INT_MIN, _INT_MAX),
+}
+
+
 def _record(schema: dict[str, Any], named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
-    fields = tuple(
-        (field["name"], _compile(field["type"], named, enclosing)) for field in schema["fields"]
-    )
-
-    def write_record(out: bytearray, value: Any) -> None:
-        if type(value) is not dict:
-            raise TypeError(f"a record must be a dict, got {type(value).__name__}")
-        for name, write in fields:
-            write(out, value[name])
-
-    return write_record
+    """A writer with each field's code in line, made once per record schema (``exec``: the
+    schema's field names only appear as string literals, through ``repr``)."""
+    lines = [
+        "def write_record(out, value):",
+        "    if type(value) is not dict:",
+        '        raise TypeError(f"a record must be a dict, got {type(value).__name__}")',
+    ]
+    scope: dict[str, Any] = {"_SMALL": _SMALL, "_varint": _varint, "_EMPTY": _SMALL[0]}
+    for number, field in enumerate(schema["fields"]):
+        write = _compile(field["type"], named, enclosing)
+        value = f"value[{field['name']!r}]"
+        inline = _INLINE.get(write)
+        if inline is None and (optional := getattr(write, "optional_string", None)):
+            null_tag, other_tag = optional
+            scope[f"null{number}"], scope[f"other{number}"] = null_tag, other_tag
+            string = "".join("    " + line + "\n" for line in _STRING.splitlines())
+            inline = f"if v is None:\n    out += null{number}\nelse:\n    out += other{number}\n"
+            inline += string
+        if inline is None:
+            scope[f"write{number}"] = write
+            lines.append(f"    write{number}(out, {value})")
+            continue
+        lines.append(f"    v = {value}")
+        lines += ["    " + line for line in inline.splitlines()]
+    exec("\n".join(lines), scope)  # noqa: S102 - our source, above
+    record_writer: Writer = scope["write_record"]
+    return record_writer
 
 
 def _enum(symbols: list[str]) -> Writer:
@@ -231,6 +281,7 @@ def _union(branches: list[Any], named: dict[str, Any], enclosing: frozenset[str]
             else:
                 raise TypeError(f"a string must be a str, got {type(value).__name__}")
 
+        write_optional_string.optional_string = (null_tag, other_tag)  # type: ignore[attr-defined]
         return write_optional_string
 
     def write_optional(out: bytearray, value: Any) -> None:
