@@ -533,11 +533,30 @@ class LogStoreContract:
         assert snapshot(store) == once
         assert store.positions() == {0: 4}
 
+    def test_the_records_of_one_kafka_record_are_applied_together_and_once(self, store: LogStore):
+        # A LogBatch: three log records at offset 4 of partition 0, then one at offset 5.
+        batch = [
+            (0, 4, routed("m1", ("crm",), T0)),
+            (0, 4, routed("m2", ("crm",), T0)),
+            (0, 4, attempt("m1", "crm", T0 + S)),
+            (0, 5, routed("m3", ("crm",), T0)),
+        ]
+        assert store.write(batch) == 8
+        assert store.positions() == {0: 6}
+        once = snapshot(store)
+        assert store.write(batch[:3]) == 0
+        assert store.write(batch + batch[:3]) == 0
+        assert snapshot(store) == once
+        fresh = [(0, 6, routed("m4", ("crm",), T0)), (0, 6, routed("m5", ("crm",), T0))]
+        assert store.write(fresh + batch) == 4  # the new Kafka record's two; the old one again: not
+        assert store.positions() == {0: 7}
+
     def test_an_overlapping_batch_applies_only_what_is_new(self, store: LogStore, feed: Feed):
         rows = feed(*(routed(f"m{i}", ("crm",), T0 + i) for i in range(8)))
         other = feed(routed("p1", ("crm",), T0), partition=1)
         assert store.write(rows[:5] + other) == 12
-        assert store.write(rows[2:] + rows[7:] + other) == 6  # 5, 6, 7 are new; 7 twice: once
+        again = rows[2:] + rows[6:] + other  # 5, 6, 7 are new; 6 and 7 twice: once
+        assert store.write(again) == 6
         assert store.positions() == {0: 8, 1: 1}
         assert len(store.log(LogQuery(limit=100))) == 9
         for i in range(8):
@@ -663,6 +682,17 @@ class LogStoreContract:
         store.write(rows["old"] + rows["other"])
         store.write(rows["retry"] + rows["new"])
         self._assert_purged(store)
+
+    def test_a_purge_takes_what_came_before_the_calls_received(self, store: LogStore, feed: Feed):
+        # The delivery handler's record (no user id) reaches the store before the router's,
+        # which names the user: their Kafka records are on different partitions.
+        store.write(feed(attempt("early", "crm", T0 + S)))
+        store.write(feed(routed("del", ("crm",), T0 + 10 * S, call_type="delete", user="ux")))
+        store.write(feed(routed("early", ("crm",), T0, user="ux"), partition=1))
+        trace = store.trace("early")
+        assert trace is not None and trace.purged_at == T0 + 10 * S
+        assert (trace.entries, trace.destinations) == ((), ())
+        assert {j.message_id for j in store.log(LogQuery(limit=100))} == {"del"}
 
     def test_the_same_user_purged_twice(self, store: LogStore, feed: Feed):
         rows = self._purge_rows(feed)

@@ -44,6 +44,7 @@ _SCHEMA_FILES = (
     "trait_state",
     "deletion_request",
     "log_record",
+    "log_batch",
 )
 
 
@@ -140,7 +141,12 @@ class Codec:
                 io.BytesIO(data[_HEADER:]), writer, None if writer is reader else reader
             )
         except Exception as exc:  # fastavro raises many kinds for corrupt bytes
-            raise UndecodableRecord(f"corrupt {name} record: {type(exc).__name__}: {exc}") from None
+            # Its schema mismatch errors print both schemas whole: the start says enough.
+            text = str(exc)
+            text = text if len(text) <= 200 else text[:200] + "..."
+            raise UndecodableRecord(
+                f"corrupt {name} record: {type(exc).__name__}: {text}"
+            ) from None
         if not isinstance(record, dict):
             raise UndecodableRecord(f"corrupt {name} record: not a record")
         return record

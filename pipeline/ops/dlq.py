@@ -30,6 +30,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
+from pipeline.kafka.log_batches import log_batch_records
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import read_topic
@@ -122,6 +123,7 @@ def replay_dead_letters(
     producer = AckedProducer(settings, transactional=True)
     now = now_ms()
     summary.replay_id = f"dlq-{uuid.uuid4().hex[:12]}"
+    logged = []
     with producer.transaction(timeout, what="replay"):
         for entry in summary.replayed:
             delivery, marker = replay(entry.dead_letter, now)
@@ -134,21 +136,19 @@ def replay_dead_letters(
                 codec.encode("Replay", replay_to_record(marker)),
             )
             if settings.log:
-                record = log_record(
-                    delivery.message_id,
-                    delivery.source_id,
-                    delivery.call_type,
-                    [
-                        entry_of(
-                            LogKind.REPLAYED,
-                            now,
-                            destination=delivery.destination_id,
-                            replayId=summary.replay_id,
-                        )
-                    ],
+                replayed = entry_of(
+                    LogKind.REPLAYED,
+                    now,
+                    destination=delivery.destination_id,
+                    replayId=summary.replay_id,
                 )
-                log_value = codec.encode("LogRecord", record)
-                producer.produce(topics.log, delivery.message_id.encode(), log_value)
+                logged.append(
+                    log_record(
+                        delivery.message_id, delivery.source_id, delivery.call_type, [replayed]
+                    )
+                )
+        for log_topic, _, log_value in log_batch_records(codec, topics.log, logged):
+            producer.produce(log_topic, None, log_value)
     return summary
 
 

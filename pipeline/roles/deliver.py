@@ -12,8 +12,9 @@ For each record:
 3. POST to every webhook at once and combine the answers (``pipeline.core.outcomes.decide``).
 4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
    dead-letter topic when the deadline leaves no room. Permanent failure → dead letter.
-5. The record is finished only after Kafka acknowledged the hand-off, with the delivery log's
-   record of the attempt and its conclusion (``PIPELINE_LOG``), which goes in the same produce. A
+5. The record is finished only after Kafka acknowledged the hand-off, and the delivery log's
+   record of the attempt and its conclusion (``PIPELINE_LOG``): the log records of every hand-off
+   made in one turn of the event loop go out together, in one Kafka record (``LogBatcher``). A
    record whose partition was revoked or lost meanwhile is not handed off at all: its new owner
    reads it again.
 
@@ -49,12 +50,18 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.log_batches import LogBatcher, log_batch_records
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.runtime import metrics
 
 __all__ = ["DeliveryHandler", "HOLD_SECONDS", "letter_of"]
 log = logging.getLogger("pipeline.deliver")
+
+#: A ``LogRecord`` as the codec's dict (``pipeline.core.log_entries``).
+LogRecordDict = dict[str, Any]
+#: A record decided without a request: what to produce for it, and its log record.
+Decided = tuple[Taken, list[Outgoing], LogRecordDict | None]
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
@@ -93,6 +100,7 @@ class DeliveryHandler:
         self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
         self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(topics.retry))]
         self._log_topic = topics.log if settings.log else None
+        self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -104,7 +112,7 @@ class DeliveryHandler:
         # every circuit open) are handed off together: one produce and one wait for the batch,
         # not a task, a future and a wake-up each. A hanging destination's records take this path
         # once its circuit is open, so they cost its healthy neighbours little.
-        decided: list[tuple[Taken, list[Outgoing]]] = []
+        decided: list[Decided] = []
         held: list[tuple[float, Taken, Delivery]] = []
         try:
             for taken in batch:
@@ -117,7 +125,7 @@ class DeliveryHandler:
                     )
                 except UndecodableRecord as exc:
                     letter = letter_of(DeadLetterReason.UNDECODABLE, taken, detail=str(exc))
-                    decided.append((taken, [self._dlq(letter)]))
+                    decided.append((taken, [self._dlq(letter)], None))
                     continue
                 not_before = record.not_before / 1000
                 if not_before > now:
@@ -144,7 +152,7 @@ class DeliveryHandler:
         record: Delivery,
         loop: ConsumerLoop,
         now: float,
-        decided: list[tuple[Taken, list[Outgoing]]],
+        decided: list[Decided],
     ) -> None:
         """A due record: decided without a request (appended to ``decided``), or a request's
         task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
@@ -156,12 +164,12 @@ class DeliveryHandler:
             if isinstance(before, Go):
                 self._spawn(self._process(taken, before, loop, now))
                 return
-            out = self._hand_off(taken, record, before, now)
+            out, logged = self._hand_off(taken, record, before, now)
         except SchemaRegistryUnavailable:
             raise
         except Exception as exc:  # a bug must neither lose the record nor stall it
-            out = self._internal_error(taken, record, exc)
-        decided.append((taken, out))
+            out, logged = self._internal_error(taken, record, exc), None
+        decided.append((taken, out, logged))
 
     async def _start_when_due(
         self, held: list[tuple[float, Taken, Delivery]], loop: ConsumerLoop
@@ -174,7 +182,7 @@ class DeliveryHandler:
             while (wait := held[index][0] - time.time()) > 0:  # never early, whatever the timer
                 await asyncio.sleep(wait)
             now = time.time()
-            decided: list[tuple[Taken, list[Outgoing]]] = []
+            decided: list[Decided] = []
             try:
                 while index < len(held) and held[index][0] <= now:
                     _, taken, record = held[index]
@@ -207,6 +215,8 @@ class DeliveryHandler:
     async def aclose(self) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+        if self._log is not None:
+            await self._log.aclose()
 
     def _dlq(self, letter: DeadLetter) -> Outgoing:
         metrics.DEAD_LETTERS.labels(letter.reason).inc()
@@ -217,13 +227,15 @@ class DeliveryHandler:
             self._codec.encode("DeadLetter", dead_letter_to_record(letter)),
         )
 
-    async def _hand_off_all(
-        self, decided: list[tuple[Taken, list[Outgoing]]], loop: ConsumerLoop
-    ) -> None:
-        decided = [(taken, out) for taken, out in decided if loop.owns(taken)]
-        records = [record for _, out in decided for record in out]
+    async def _hand_off_all(self, decided: list[Decided], loop: ConsumerLoop) -> None:
+        """Hand records decided without a request off together: one produce, log included."""
+        decided = [item for item in decided if loop.owns(item[0])]
+        records = [record for _, out, _ in decided for record in out]
+        logged = [record for _, _, record in decided if record is not None]
+        if logged and self._log_topic is not None:
+            records += log_batch_records(self._codec, self._log_topic, logged)
         await self._producer.send_all_until_acked(records, self._stop)
-        for taken, _ in decided:
+        for taken, _, _ in decided:
             loop.finish(taken)
 
     def _internal_error(self, taken: Taken, record: Delivery, exc: Exception) -> list[Outgoing]:
@@ -248,17 +260,20 @@ class DeliveryHandler:
             conclusion = conclude(record, results, self._schedule, now, finished)
             if conclusion.requested:
                 metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
-            out = self._hand_off(taken, record, conclusion, finished, results, now)
+            out, logged = self._hand_off(taken, record, conclusion, finished, results, now)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
-            out = self._internal_error(taken, record, exc)
+            out, logged = self._internal_error(taken, record, exc), None
         if not loop.owns(taken):
             return  # the partition was lost meanwhile: its new owner hands the record off
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
-        loop.finish(taken)
+        if logged is not None and self._log is not None:
+            self._log.add(logged, loop.finish, taken)  # finished once the log has it
+        else:
+            loop.finish(taken)
 
     def _hand_off(
         self,
@@ -268,26 +283,24 @@ class DeliveryHandler:
         finished: float,
         results: Sequence[UrlResult] = (),
         started: float = 0.0,
-    ) -> list[Outgoing]:
+    ) -> tuple[list[Outgoing], LogRecordDict | None]:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
-        request begun at ``started``, if one was made), and its metrics."""
+        request begun at ``started``, if one was made) and its log record, and its metrics."""
         outcome, record = conclusion.outcome, conclusion.delivery
         self._outcomes[outcome].inc()
-        out: list[Outgoing] = []
+        logged = None
         if self._log_topic is not None:
-            out.append(self._log_record(before, conclusion, finished, results, started))
+            logged = self._log_record(before, conclusion, finished, results, started)
         if outcome is Outcome.DELIVERED:
             metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
-            return out  # a delivered record is not kept, so neither is its attempt history
+            return [], logged  # a delivered record is not kept, so neither is its attempt history
         if outcome is Outcome.RETRY:
             self._retries[record.tier].inc()
             value = self._codec.encode("Delivery", delivery_to_record(record))
-            out.append((self._topics.retry[record.tier], taken.message.key(), value))
-            return out
+            return [(self._topics.retry[record.tier], taken.message.key(), value)], logged
         assert conclusion.reason is not None
         letter = letter_of(conclusion.reason, taken, delivery=record, detail=conclusion.detail)
-        out.append(self._dlq(letter))
-        return out
+        return [self._dlq(letter)], logged
 
     def _log_record(
         self,
@@ -296,11 +309,10 @@ class DeliveryHandler:
         finished: float,
         results: Sequence[UrlResult],
         started: float,
-    ) -> Outgoing:
+    ) -> LogRecordDict:
         """The delivery log's record of this attempt (if a request was made) and conclusion."""
-        assert self._log_topic is not None
         reason = conclusion.reason or ("" if conclusion.requested else "circuit_open")
-        record = conclusion_log_record(
+        return conclusion_log_record(
             before,
             conclusion.outcome,
             conclusion.delivery,
@@ -309,8 +321,6 @@ class DeliveryHandler:
             started=started,
             reason=str(reason) if conclusion.outcome is not Outcome.DELIVERED else "",
         )
-        value = self._codec.encode("LogRecord", record)
-        return (self._log_topic, before.message_id.encode(), value)
 
 
 def letter_of(

@@ -32,6 +32,7 @@ from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.log_batches import decode_log_records
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
 
@@ -41,8 +42,13 @@ log = logging.getLogger("pipeline.log_store")
 
 #: How often rows older than ``PIPELINE_LOG_RETENTION`` are deleted.
 EXPIRE_EVERY = 300.0
-#: Log records held unwritten at most (they are small; a write takes several batches at once).
-MAX_IN_FLIGHT = 20_000
+#: Kafka records of the log held unwritten at most (a write takes several batches at once); each
+#: is a ``LogBatch`` of up to a consumed batch's calls, or of one turn's attempts.
+MAX_IN_FLIGHT = 500
+
+
+#: One Kafka record of the log, (partition, offset), and its log records as the store writes them.
+Rows = tuple[tuple[int, int], list[tuple[int, int, LogRecord]]]
 
 
 class LogStoreHandler:
@@ -66,7 +72,7 @@ class LogStoreHandler:
         self._stop = stop
         self._retention = retention
         self._thread = thread
-        self._waiting: list[tuple[list[Taken], list[tuple[int, int, LogRecord]]]] = []
+        self._waiting: list[tuple[list[Taken], list[Rows]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._next_expiry = 0.0
         self._written = metrics.LOG_STORE_WRITTEN
@@ -76,27 +82,41 @@ class LogStoreHandler:
         return [self._topics.log]
 
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
-        rows: list[tuple[int, int, LogRecord]] = []
+        rows: list[Rows] = []
         for taken in batch:
+            partition, offset = taken.key[1], taken.offset
             try:
-                record = log_record_from_avro(
-                    self._codec.decode("LogRecord", taken.message.value())
-                )
-            except (UndecodableRecord, KeyError, ValueError) as exc:
-                # Not ours or from a newer version: skipped (the topic keeps it), and counted.
-                self._undecodable.inc()
-                log.warning("log-store: skipping %s[%d]@%d: %s", *taken.key, taken.offset, exc)
+                records = decode_log_records(self._codec, taken.message.value())
+            except UndecodableRecord as exc:
+                self._skip(taken, exc)
                 continue
-            rows.append((taken.key[1], taken.offset, record))
+            typed = []
+            for record in records:
+                try:
+                    typed.append((partition, offset, log_record_from_avro(record)))
+                except (KeyError, ValueError) as exc:
+                    self._skip(taken, exc)
+            rows.append(((partition, offset), typed))
         self._waiting.append((batch, rows))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_waiting(loop))
+
+    def _skip(self, taken: Taken, exc: Exception) -> None:
+        """Not ours or from a newer version: skipped (the topic keeps it), and counted."""
+        self._undecodable.inc()
+        log.warning("log-store: skipping %s[%d]@%d: %s", *taken.key, taken.offset, exc)
 
     async def _write_waiting(self, loop: ConsumerLoop) -> None:
         running = asyncio.get_running_loop()
         while self._waiting:
             work, self._waiting = self._waiting, []
-            rows = [row for _, batch_rows in work for row in batch_rows]
+            rows: list[tuple[int, int, LogRecord]] = []
+            seen: set[tuple[int, int]] = set()
+            for _, kafka_records in work:
+                for place, typed in kafka_records:
+                    if place not in seen:  # a Kafka record read twice is written once
+                        seen.add(place)
+                        rows += typed
             delay = 0.5
             while True:
                 try:

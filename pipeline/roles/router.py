@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.log_entries import call_log_record
@@ -31,6 +32,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.log_batches import log_batch_records
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, TransactionFailed
@@ -220,6 +222,7 @@ class RouterHandler:
         deliveries_topic = self._topics.deliveries
         log_topic = self._topics.log if self._log else None
         out: list[Outgoing] = []
+        logged: list[dict[str, Any]] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
         dropped: dict[DropReason, int] = {}
@@ -241,7 +244,7 @@ class RouterHandler:
                     continue
                 routed[decision.call_type] = routed.get(decision.call_type, 0) + 1
                 if log_topic is not None:
-                    out.append(self._log_record(log_topic, taken, decision))
+                    logged.append(self._log_record(taken, decision))
                 if decision.dropped is not None:
                     dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
                     continue
@@ -253,20 +256,25 @@ class RouterHandler:
                 self._routed[call_type].inc(count)
             for reason, count in dropped.items():
                 self._dropped[reason].inc(count)
+        if logged and log_topic is not None:
+            # One Kafka record for the batch's log, keyed by its input partition: a part's
+            # transaction then spans one partition of the log.
+            key = str(batch[0].key[1]).encode()
+            out += log_batch_records(codec, log_topic, logged, key)
         return out
 
     def _deliveries_in(self, out: list[Outgoing]) -> int:
         topic = self._topics.deliveries
         return sum(1 for record in out if record[0] == topic)
 
-    def _log_record(self, topic: str, taken: Taken, decision: Routed) -> Outgoing:
+    def _log_record(self, taken: Taken, decision: Routed) -> dict[str, Any]:
         """The delivery log's record of the call ``decision`` is about."""
         call = decision.call
         assert call is not None
         body = None
         if self._log_bodies:
             body = decision.deliveries[0][1].body if decision.deliveries else render_body(call)
-        record = call_log_record(
+        return call_log_record(
             call,
             len(taken.message.value() or b""),
             int(time.time() * 1000),
@@ -275,7 +283,6 @@ class RouterHandler:
             excluded=[(name, reason.value) for name, reason in decision.excluded],
             body=None if body is None else body.decode(),
         )
-        return (topic, call.message_id.encode(), self._codec.encode("LogRecord", record))
 
     async def aclose(self) -> None:
         for key in list(self._transactions):

@@ -205,7 +205,9 @@ class LogStore:
     def write(self, records: Sequence[LogWrite]) -> int:
         """Apply (partition, offset, record) triples, in offset order per partition, in one
         transaction; records below their partition's stored position are skipped (applied
-        already). Returns the number of entries written."""
+        already). The records of one Kafka record (a ``LogBatch``) share its offset and come
+        together, once (the caller gives a Kafka record read twice in a row once). Returns the
+        number of entries written."""
         if not records:
             return 0
         with self._lock, self._transaction(write=True):
@@ -228,10 +230,22 @@ class LogStore:
         )
         next_offsets = dict(stored)
         accepted: list[LogRecord] = []
+        # A Kafka record of the log holds several log records (a LogBatch): they come one after
+        # another with its offset. The same Kafka record again later in the call (read twice: a
+        # partition taken back) is applied once.
+        seen: set[tuple[int, int]] = set()
+        current, again = (-1, -1), False
         for partition, offset, record in records:
-            if offset < next_offsets[partition]:
+            if offset < stored[partition]:
+                continue  # applied already
+            if (partition, offset) != current:
+                current = (partition, offset)
+                again = current in seen
+                seen.add(current)
+            if again:
                 continue
-            next_offsets[partition] = offset + 1
+            if offset >= next_offsets[partition]:
+                next_offsets[partition] = offset + 1
             if record.entries:
                 accepted.append(record)
         if accepted and self._any_purges():
@@ -361,6 +375,14 @@ class LogStore:
                 continue
             kept.append(record)
         self._remember_purged(newly)
+        # A call's records may come in any order: what arrived before its ``received`` (which
+        # names the user) goes with it.
+        for chunk in _chunks(sorted({message_id for message_id, _at in newly})):
+            rows = db.query(
+                f"SELECT call_id FROM calls WHERE message_id IN ({_marks(len(chunk))})",  # noqa: S608
+                chunk,
+            )
+            self._delete_calls([call_id for (call_id,) in rows])
         return kept
 
     def _remember_purged(self, purged: Iterable[tuple[str, int]]) -> None:
@@ -386,10 +408,15 @@ class LogStore:
         )
         for chunk in _chunks(calls):
             self._remember_purged((message_id, at) for _call_id, message_id in chunk)
-            ids = [call_id for call_id, _message_id in chunk]
-            marks = _marks(len(ids))
-            for table in ("entries", "journeys", "calls"):
-                db.run(f"DELETE FROM {table} WHERE call_id IN ({marks})", ids)  # noqa: S608
+            self._delete_calls([call_id for call_id, _message_id in chunk])
+
+    def _delete_calls(self, ids: Sequence[int]) -> None:
+        """Delete every row of the calls ``ids`` (at most a chunk of them)."""
+        if not ids:
+            return
+        marks = _marks(len(ids))
+        for table in ("entries", "journeys", "calls"):
+            self._db.run(f"DELETE FROM {table} WHERE call_id IN ({marks})", ids)  # noqa: S608
 
     def _buckets(self) -> list[int]:
         """Every bucket of the calls held (``CALL_BUCKET``); [-1] when there is none."""

@@ -15,6 +15,7 @@ from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
+from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
 from tests.unit.roles._fakes import (
@@ -101,8 +102,8 @@ def logged(producer: FakeProducer) -> list[tuple[str, ...]]:
     for topic, key, value in producer.sent:
         if topic != TOPICS.log:
             continue
-        record = CODEC.decode("LogRecord", value)
-        assert key == record["messageId"].encode() == b"m1"
+        (record,) = decode_log_records(CODEC, value)
+        assert key is None and record["messageId"] == "m1"
         for e in record["entries"]:
             detail = {
                 "attempt": f"{e['attempt']}:{e['status']}:{e['error']}:{e['response']}",
@@ -276,3 +277,14 @@ def test_registry_down_stops_the_worker_and_finishes_nothing() -> None:
     )
     assert isinstance(handler.fatal, SchemaRegistryUnavailable) and handler._stop.is_set()
     assert loop.finished == [] and producer.sent == []
+
+
+def test_the_log_of_attempts_ending_in_one_turn_is_one_kafka_record() -> None:
+    sender = FakeSender(lambda d: [OK])
+    values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(5)]
+    _, loop, producer, batch = run(values, sender)
+    logs = [value for topic, _, value in producer.sent if topic == TOPICS.log]
+    assert len(logs) == 1
+    records = decode_log_records(CODEC, logs[0])
+    assert sorted(r["messageId"] for r in records) == [f"m{i}" for i in range(5)]
+    assert sorted(t.offset for t in loop.finished) == [t.offset for t in batch]

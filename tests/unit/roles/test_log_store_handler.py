@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.log_entries import LogKind, entry, log_record
+from pipeline.core.log_entries import LogKind, entry, log_batch, log_record
 from pipeline.core.timestamps import now_ms
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
@@ -23,8 +23,18 @@ CODEC = Codec.default()
 
 
 def routed(message_id: str, at: int | None = None) -> bytes:
+    """A lone LogRecord, as writers before batches produced it."""
+    return CODEC.encode("LogRecord", routed_record(message_id, at))
+
+
+def batch_of(*message_ids: str) -> bytes:
+    """A LogBatch, as the pipeline produces it now."""
+    return CODEC.encode("LogBatch", log_batch([routed_record(m) for m in message_ids]))
+
+
+def routed_record(message_id: str, at: int | None = None) -> dict[str, Any]:
     at = now_ms() if at is None else at
-    record = log_record(
+    return log_record(
         message_id,
         "web",
         "track",
@@ -32,7 +42,6 @@ def routed(message_id: str, at: int | None = None) -> bytes:
         user_id="u1",
         event="Order",
     )
-    return CODEC.encode("LogRecord", record)
 
 
 class FlakyStore:
@@ -85,6 +94,20 @@ def test_records_are_written_then_finished_and_a_second_reading_writes_nothing(
     again = drive(store, [batch])  # consumed again (a restart before the Kafka commit)
     assert again.finished == batch and len(store.log(LogQuery())) == 6
     assert len(store.trace("m0").entries) == 2  # received and routed, once
+    store.close()
+
+
+def test_every_record_of_a_batch_is_written_once_however_often_it_is_read(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'log.sqlite3'}")
+    first = taken(TOPICS.log, batch_of("m1", "m2", "m3"), offset=0)
+    second = taken(TOPICS.log, batch_of("m4"), offset=1)
+    loop = drive(store, [[first], [first, second], [second]])  # read again, as after a rebalance
+    assert loop.finished == [first, first, second, second]
+    assert sorted(row.message_id for row in store.log(LogQuery())) == ["m1", "m2", "m3", "m4"]
+    assert all(len(store.trace(m).entries) == 2 for m in ("m1", "m2", "m3", "m4"))
+    assert store.positions() == {0: 2}
     store.close()
 
 

@@ -14,6 +14,7 @@ from pipeline.core.records import call_to_record
 from pipeline.core.render import render_body
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
+from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
 from pipeline.roles.router import RouterHandler
@@ -61,9 +62,12 @@ def test_the_log_records_each_calls_fate_beside_its_delivery_records() -> None:
     off = {"type": "identify", "userId": "u3", "messageId": "m3", "integrations": {"All": False}}
     values = [call_value(track), call_value(blocked), call_value(off), b"junk"]
     _, loop, producer, batch = run(values, log=True)
-    logs = [(key, CODEC.decode("LogRecord", v)) for t, key, v in producer.sent if t == TOPICS.log]
-    assert [key for key, _ in logs] == [b"m1", b"m2", b"m3"]  # nothing for the undecodable one
-    first, second, third = (record for _, record in logs)
+    # One Kafka record for the batch's log, keyed by its input partition.
+    ((key, value),) = [(key, v) for t, key, v in producer.sent if t == TOPICS.log]
+    assert key == str(batch[0].key[1]).encode()
+    logs = decode_log_records(CODEC, value)
+    assert [r["messageId"] for r in logs] == ["m1", "m2", "m3"]  # none for the undecodable one
+    first, second, third = logs
     assert (first["sourceId"], first["callType"], first["userId"], first["event"]) == (
         "web",
         "track",
@@ -96,9 +100,10 @@ def test_the_log_holds_call_bodies_only_when_asked_to() -> None:
     blocked = {"type": "track", "event": "Heartbeat", "userId": "u2", "messageId": "m2"}
     _, _, producer, _ = run([call_value(track), call_value(blocked)], log=True, log_bodies=True)
     bodies = [
-        CODEC.decode("LogRecord", v)["entries"][0]["body"]
+        record["entries"][0]["body"]
         for t, _, v in producer.sent
         if t == TOPICS.log
+        for record in decode_log_records(CODEC, v)
     ]
     expected = [
         render_body(parse_call(raw, source_id="web", received_at=1)).decode()
