@@ -1,7 +1,15 @@
-"""``WebhookSender.refused_by_circuits``: the attempt decided without a request, only when every
-webhook's circuit refuses, and without taking the half-open probe."""
+"""``WebhookSender``'s circuits: one per endpoint (webhook URL), and one per host for failures of
+the host itself. ``refused_by_circuits`` decides an attempt without a request only when every
+webhook's circuit refuses, and without taking the half-open probe. The requests go to real HTTP
+servers on 127.0.0.1 (aiohttp), so the breakers see real answers and real refused connections."""
 
 from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
 
 from pipeline.core.config import Destination
 from pipeline.core.outcomes import Failure
@@ -17,9 +25,7 @@ def destination(*urls: str) -> Destination:
 
 
 def open_circuit(sender: WebhookSender, url: str) -> None:
-    endpoint = sender._target(url).endpoint
-    assert endpoint is not None
-    endpoint.breaker.record(ok=False)  # one failure opens it (circuit_failures=1)
+    sender._target(url).breaker.record(ok=False)  # one failure opens it (circuit_failures=1)
 
 
 def test_closed_circuits_need_a_request() -> None:
@@ -37,7 +43,7 @@ def test_every_circuit_open_gives_circuit_open_results() -> None:
         (A, Failure.CIRCUIT_OPEN),
         (B, Failure.CIRCUIT_OPEN),
     ]
-    assert "circuit open" in results[0].detail
+    assert results[0].detail == "not tried: it failed repeatedly; circuit open"
 
 
 def test_one_open_circuit_among_several_still_needs_the_attempt() -> None:
@@ -47,15 +53,129 @@ def test_one_open_circuit_among_several_still_needs_the_attempt() -> None:
     assert sender.refused_by_circuits(destination(A, B)) is None
 
 
+def test_an_endpoints_circuit_leaves_its_neighbours_on_the_host_alone() -> None:
+    sender = WebhookSender(SETTINGS)
+    failing, healthy = "http://127.0.0.1:9001/a", "http://127.0.0.1:9001/b"
+    open_circuit(sender, failing)
+    assert sender.refused_by_circuits(destination(failing)) is not None
+    assert sender.refused_by_circuits(destination(healthy)) is None
+
+
+def test_an_open_host_circuit_refuses_every_endpoint_on_the_host() -> None:
+    sender = WebhookSender(SETTINGS)
+    host = sender._target(A).host
+    assert host is not None
+    host.breaker.record(ok=False)
+    other_path = "http://127.0.0.1:9001/other"
+    results = sender.refused_by_circuits(destination(other_path))
+    assert results is not None
+    assert results[0].detail == (
+        "not tried: http://127.0.0.1:9001 could not be reached repeatedly; circuit open"
+    )
+    assert sender.refused_by_circuits(destination(B)) is None  # another port: another host
+
+
 def test_asking_does_not_take_the_half_open_probe() -> None:
     now = [0.0]
     sender = WebhookSender(SETTINGS)
-    endpoint = sender._target(A).endpoint
-    assert endpoint is not None
-    endpoint.breaker._clock = lambda: now[0]
-    endpoint.breaker.record(ok=False)
+    target = sender._target(A)
+    target.breaker._clock = lambda: now[0]
+    target.breaker.record(ok=False)
     now[0] = 61.0  # cool-down over: the next allow() is the probe
     assert sender.refused_by_circuits(destination(A)) is None
     assert sender.refused_by_circuits(destination(A)) is None
-    assert endpoint.breaker.allow()  # the probe is still there for the real attempt
-    assert sender.refused_by_circuits(destination(A)) is not None  # probe in flight: refused
+    assert target.breaker.allow()  # the probe is still there for the real attempt
+
+
+# ---- real requests ----------------------------------------------------------------------------
+
+
+def with_receiver(test: Callable[[WebhookSender, str], Awaitable[None]]) -> None:
+    """Run ``test`` with a started sender and a server on 127.0.0.1 (its base URL) where
+    ``/fail`` answers 500 and any other path 200."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(status=500 if request.path == "/fail" else 200)
+
+    async def go() -> None:
+        app = web.Application()
+        app.router.add_route("POST", "/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sender = await WebhookSender(SETTINGS).start()
+        try:
+            await test(sender, f"http://127.0.0.1:{port}")
+        finally:
+            await sender.aclose()
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_500_opens_the_endpoints_circuit_not_the_hosts() -> None:
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        failing, healthy = destination(f"{receiver}/fail"), destination(f"{receiver}/ok")
+        first = await sender.attempt(failing, b"{}", "m1")
+        assert first[0].status == 500
+        again = await sender.attempt(failing, b"{}", "m2")
+        assert again[0].failure is Failure.CIRCUIT_OPEN  # no request made
+        for n in range(5):
+            result = await sender.attempt(healthy, b"{}", f"h{n}")
+            assert result[0].status == 200
+        assert sender.refused_by_circuits(failing) is not None
+        assert sender.refused_by_circuits(healthy) is None
+
+    with_receiver(test)
+
+
+def test_a_refused_connection_opens_the_hosts_circuit() -> None:
+    async def test(sender: WebhookSender, _receiver: str) -> None:
+        port = free_port()  # nothing listens there
+        first = await sender.attempt(destination(f"http://127.0.0.1:{port}/a"), b"{}", "m1")
+        assert first[0].failure is Failure.CONNECTION_ERROR
+        other = destination(f"http://127.0.0.1:{port}/b")  # never tried itself
+        refused = sender.refused_by_circuits(other)
+        assert refused is not None and "could not be reached" in refused[0].detail
+        second = await sender.attempt(other, b"{}", "m2")
+        assert second[0].failure is Failure.CIRCUIT_OPEN
+
+    with_receiver(test)
+
+
+def test_any_answer_closes_the_hosts_circuit() -> None:
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        now = [0.0]
+        target = sender._target(f"{receiver}/fail")
+        host = target.host
+        assert host is not None
+        host.breaker._clock = lambda: now[0]
+        host.breaker.record(ok=False)
+        assert sender.refused_by_circuits(destination(f"{receiver}/fail")) is not None
+        now[0] = 61.0  # the host's probe: a 500 is an answer, so the host is up
+        result = await sender.attempt(destination(f"{receiver}/fail"), b"{}", "m1")
+        assert result[0].status == 500
+        assert not host.breaker.refuses()
+        assert target.breaker.refuses()  # the endpoint's own circuit opened on the 500
+
+    with_receiver(test)
+
+
+def test_the_final_attempt_goes_through_open_circuits() -> None:
+    async def test(sender: WebhookSender, _receiver: str) -> None:
+        url = f"http://127.0.0.1:{free_port()}/a"
+        open_circuit(sender, url)
+        refused = await sender.attempt(destination(url), b"{}", "m1")
+        assert refused[0].failure is Failure.CIRCUIT_OPEN
+        final = await sender.attempt(destination(url), b"{}", "m1", final=True)
+        assert final[0].failure is Failure.CONNECTION_ERROR  # a request was made
+
+    with_receiver(test)
