@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pipeline.commands._args import Subparsers
+from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import ConfigError
 from pipeline.core.settings import Settings
+from pipeline.core.timestamps import format_timestamp
 
-__all__ = ["register", "run"]
+if TYPE_CHECKING:  # pydantic loads only for the commands that need it
+    from pipeline.core.config import ConfigTable, Destination
+
+__all__ = ["register", "run", "format_config"]
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -115,54 +121,100 @@ def _mask(secret: str | None, show: bool) -> str | None:
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:
-    import orjson
-
     from pipeline.kafka.config_store import load_table
 
-    table = load_table(settings)
+    print(format_config(load_table(settings), show_secrets=args.show_secrets, as_json=args.json))
+    return 0
+
+
+def _durations(seconds: Sequence[float] | None) -> list[str] | None:
+    return None if seconds is None else [format_duration(s) for s in seconds]
+
+
+def _duration(seconds: float | None) -> str | None:
+    return None if seconds is None else format_duration(seconds)
+
+
+def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
+    """One destination with the config file's keys, durations as text (``10s``, ``4h``)."""
+    return {
+        "id": d.id,
+        "name": d.name,
+        "enabled": d.enabled,
+        "sources": d.sources,
+        "shared_secret": _mask(d.shared_secret, show_secrets),
+        "standard_webhooks": d.standard_webhooks,
+        "webhooks": [
+            {
+                "url": w.url,
+                "headers": {k: _mask(v, show_secrets) for k, v in w.headers.items()},
+            }
+            for w in d.webhooks
+        ],
+        "retry": None
+        if d.retry is None
+        else {"delays": _durations(d.retry.delays), "deadline": _duration(d.retry.deadline)},
+        "max_in_flight": d.max_in_flight,
+        "rate_limit": d.rate_limit,
+        "disable_after": _duration(d.disable_after),
+        "disabled_reason": d.disabled_reason,
+        "disabled_at": d.disabled_at,
+    }
+
+
+def _policy_line(d: dict[str, Any]) -> str:
+    """``retry 10s,1m,5m deadline 4h; max in flight 200; rate limit 50/s; disable after 24h``."""
+    retry = d["retry"] or {}
+    delays = ",".join(retry.get("delays") or []) or "default"
+    deadline = retry.get("deadline") or "default"
+    rate = "-" if d["rate_limit"] is None else f"{d['rate_limit']:g}/s"
+    return (
+        f"retry {delays} deadline {deadline}; max in flight {d['max_in_flight'] or '-'}; "
+        f"rate limit {rate}; disable after {d['disable_after'] or '-'}"
+    )
+
+
+def format_config(table: ConfigTable, *, show_secrets: bool = False, as_json: bool = False) -> str:
+    """What ``config show`` prints: tables (a policy line under each destination), or JSON."""
+    import orjson
+
     data: dict[str, list[dict[str, Any]]] = {
         "sources": [
             {
                 "id": s.id,
                 "name": s.name,
-                "write_keys": [_mask(k, args.show_secrets) for k in s.write_keys],
+                "write_keys": [_mask(k, show_secrets) for k in s.write_keys],
                 "blocked_events": s.blocked_events,
             }
             for s in sorted(table.sources.values(), key=lambda s: s.id)
         ],
         "destinations": [
-            {
-                "id": d.id,
-                "name": d.name,
-                "enabled": d.enabled,
-                "sources": d.sources,
-                "shared_secret": _mask(d.shared_secret, args.show_secrets),
-                "webhooks": [
-                    {
-                        "url": w.url,
-                        "headers": {k: _mask(v, args.show_secrets) for k, v in w.headers.items()},
-                    }
-                    for w in d.webhooks
-                ],
-            }
+            _destination_data(d, show_secrets)
             for d in sorted(table.destinations.values(), key=lambda d: d.id)
         ],
     }
-    if args.json:
-        print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
-        return 0
-    print(f"{'SOURCE':<20} {'NAME':<24} {'WRITE KEYS':<10} BLOCKED EVENTS")
+    if as_json:
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+    lines = [f"{'SOURCE':<20} {'NAME':<24} {'WRITE KEYS':<10} BLOCKED EVENTS"]
     for s in data["sources"]:
-        print(
+        lines.append(
             f"{s['id']:<20} {s['name']:<24} {len(s['write_keys']):<10} "
             f"{', '.join(s['blocked_events']) or '-'}"
         )
-    print()
-    print(f"{'DESTINATION':<20} {'NAME':<12} {'ENABLED':<8} {'SOURCES':<16} {'SIGNED':<7} WEBHOOKS")
+    lines.append("")
+    lines.append(
+        f"{'DESTINATION':<20} {'NAME':<12} {'ENABLED':<8} {'SOURCES':<16} {'SIGNED':<7} WEBHOOKS"
+    )
     for d in data["destinations"]:
         urls = ", ".join(w["url"] for w in d["webhooks"])
-        print(
+        lines.append(
             f"{d['id']:<20} {d['name']:<12} {'yes' if d['enabled'] else 'no':<8} "
             f"{','.join(d['sources']):<16} {'yes' if d['shared_secret'] else 'no':<7} {urls}"
         )
-    return 0
+        lines.append(f"  {_policy_line(d)}")
+        if d["disabled_reason"] is not None:
+            since = (
+                "" if d["disabled_at"] is None else f" since {format_timestamp(d['disabled_at'])}"
+            )
+            lines.append(f"  disabled: {d['disabled_reason']}{since}")
+    return "\n".join(lines)

@@ -16,6 +16,13 @@ A config file (``pipeline config apply FILE.yaml``)::
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
+        retry: {delays: [10s, 1m, 5m], deadline: 4h}   # optional; a missing key: the global setting
+        max_in_flight: 200              # optional; its share of a worker's PIPELINE_MAX_IN_FLIGHT
+        rate_limit: 50                  # optional; requests/s over the whole delivery group
+        disable_after: 24h              # optional; auto-disable after failing every attempt this long
+
+Durations are ``500ms``, ``10s``, ``5m``, ``4h``, ``7d`` or a number of seconds, and are kept as
+float seconds.
 
 ``validate_config`` checks every rule and reports every problem at once, each naming its field;
 ``ConfigTable`` is an immutable snapshot with the lookups the router and delivery workers need.
@@ -23,24 +30,37 @@ A config file (``pipeline config apply FILE.yaml``)::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from pipeline.core.durations import DURATION_HINT, duration_seconds, format_duration
 from pipeline.core.exceptions import ConfigError
 
 __all__ = [
     "Source",
     "Destination",
     "Webhook",
+    "RetryPolicy",
+    "DurationRange",
     "PipelineConfig",
     "ConfigTable",
     "validate_config",
     "MAX_WEBHOOKS",
+    "MAX_RETRY_DELAYS",
 ]
 
 #: Seed §2.1 and §8: at most five webhooks per destination.
@@ -48,6 +68,10 @@ MAX_WEBHOOKS = 5
 MAX_HEADERS = 50
 MAX_URL_CHARS = 2048
 MAX_HEADER_VALUE_CHARS = 8192
+MAX_RETRY_DELAYS = 20
+MAX_IN_FLIGHT = 100_000
+_MINUTE = 60.0
+_DAY = 86_400.0
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: RFC 9110 token characters: what a header name may contain.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -133,6 +157,57 @@ class Webhook(_Model):
 Id = Annotated[str, Field(pattern=_ID)]
 
 
+@dataclass(frozen=True, slots=True)
+class DurationRange:
+    """Validates a duration between ``minimum`` and ``maximum`` seconds; returns float seconds.
+
+    Accepts the text forms of ``pipeline.core.durations`` (``10s``, ``4h``, ``7d``) and numbers
+    (seconds), so a record read back from Kafka (float seconds) validates too::
+
+        Deadline = Annotated[float, BeforeValidator(DurationRange(60, 7 * 86_400))]
+    """
+
+    minimum: float
+    maximum: float
+
+    def __call__(self, value: object) -> float:
+        if isinstance(value, str):
+            seconds = duration_seconds(value)
+            shown = repr(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+            shown = f"{value:g}s" if math.isfinite(value) else repr(value)
+        else:
+            seconds, shown = None, repr(value)
+        if seconds is None or not math.isfinite(seconds):
+            raise ValueError(f"{shown} is not a duration; {DURATION_HINT}")
+        if seconds < self.minimum:
+            raise ValueError(f"{shown} is under the minimum of {format_duration(self.minimum)}")
+        if seconds > self.maximum:
+            raise ValueError(f"{shown} is over the maximum of {format_duration(self.maximum)}")
+        return seconds
+
+
+RetryDelay = Annotated[float, BeforeValidator(DurationRange(1.0, 7 * _DAY))]
+RetryDeadline = Annotated[float, BeforeValidator(DurationRange(_MINUTE, 7 * _DAY))]
+DisableAfter = Annotated[float, BeforeValidator(DurationRange(_MINUTE, 30 * _DAY))]
+
+
+class RetryPolicy(_Model):
+    """When a destination's failed deliveries are tried again; a missing field means the global
+    setting (``PIPELINE_RETRY_DELAYS``, ``PIPELINE_RETRY_DEADLINE``).
+
+        RetryPolicy(delays=[10, 60, 300], deadline=4 * 3600)  # YAML: {delays: [10s, 1m, 5m], deadline: 4h}
+    """
+
+    #: Delay before each retry, in seconds (1s..7d each); the last one repeats until the deadline.
+    delays: Annotated[list[RetryDelay], Field(min_length=1, max_length=MAX_RETRY_DELAYS)] | None = (
+        None
+    )
+    #: No attempt after this many seconds (1m..7d), counted from the first attempt.
+    deadline: RetryDeadline | None = None
+
+
 class Source(_Model):
     id: Id
     name: str = ""
@@ -151,9 +226,29 @@ class Destination(_Model):
     shared_secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     #: Also sign per the Standard Webhooks spec (replay protection); needs ``shared_secret``.
     standard_webhooks: bool = False
-    #: At most this many requests per second to this destination, per worker process.
+    #: At most this many requests per second to this destination over the whole delivery
+    #: consumer group (all processes together). Until the group-wide limiter lands, each
+    #: process applies it on its own.
     rate_limit: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    #: Retry schedule; ``None`` (or a key left out) means the global settings.
+    retry: RetryPolicy | None = None
+    #: This destination's share of a worker's in-flight limit (``PIPELINE_MAX_IN_FLIGHT``).
+    max_in_flight: Annotated[int, Field(strict=True, ge=1, le=MAX_IN_FLIGHT)] | None = None
+    #: Auto-disable an endpoint that has failed every attempt for this many seconds (1m..30d).
+    disable_after: DisableAfter | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)
+    #: Set by the pipeline when it auto-disables the destination (accepted in YAML so that an
+    #: exported config applies unchanged): why, and when (epoch milliseconds).
+    disabled_reason: str | None = None
+    disabled_at: Annotated[int, Field(strict=True, ge=0)] | None = None
+
+    @field_validator("retry")
+    @classmethod
+    def _empty_retry_is_none(cls, retry: RetryPolicy | None) -> RetryPolicy | None:
+        # ``retry: {}`` says nothing: store it as absent, so it survives a trip through Kafka equal.
+        if retry is not None and retry.delays is None and retry.deadline is None:
+            return None
+        return retry
 
     @model_validator(mode="after")
     def _signing_needs_secret(self) -> Destination:
@@ -186,13 +281,30 @@ def _where(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> str:
     return text or "config"
 
 
+def _number(limit: object) -> object:
+    """``0`` rather than ``0.0`` for a whole-number limit of a float field."""
+    return int(limit) if isinstance(limit, float) and limit.is_integer() else limit
+
+
 def _message(error: Mapping[str, Any]) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     if kind == "too_long" and ctx.get("max_length") == MAX_WEBHOOKS:
         return f"at most {MAX_WEBHOOKS} webhooks per destination, got {ctx.get('actual_length')}"
+    if kind == "too_long":
+        return f"has {ctx.get('actual_length')} entries, over the limit of {ctx.get('max_length')}"
     if kind == "too_short":
         return "needs at least one entry"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be a whole number, got {error.get('input')!r}"
+    if kind == "model_type":
+        return "must be a mapping (key: value)"
+    if kind == "greater_than":
+        return f"must be greater than {_number(ctx.get('gt'))}, got {error.get('input')!r}"
+    if kind == "greater_than_equal":
+        return f"must be at least {_number(ctx.get('ge'))}, got {error.get('input')!r}"
+    if kind == "less_than_equal":
+        return f"must be at most {_number(ctx.get('le'))}, got {error.get('input')!r}"
     if kind == "extra_forbidden":
         return "is not a known field"
     if kind == "missing":

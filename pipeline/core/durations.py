@@ -4,10 +4,30 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_duration", "parse_duration_list", "format_duration"]
+__all__ = [
+    "parse_duration",
+    "parse_duration_list",
+    "format_duration",
+    "duration_seconds",
+    "DURATION_HINT",
+]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+#: What every "is not a duration" message ends with.
+DURATION_HINT = "use a number with a unit, e.g. 500ms, 10s, 1m, 4h"
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds for ``text`` (zero included; a bare number means seconds), ``None`` if malformed.
+
+    >>> duration_seconds("4h"), duration_seconds("10x")
+    (14400.0, None)
+    """
+    match = _PATTERN.match(text)
+    if match is None:
+        return None
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
 def parse_duration(text: str, *, name: str = "duration") -> float:
@@ -16,12 +36,9 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
     >>> parse_duration("1m")
     60.0
     """
-    match = _PATTERN.match(text)
-    if match is None:
-        raise ValueError(
-            f"{name}: {text!r} is not a duration; use a number with a unit, e.g. 500ms, 10s, 1m, 4h"
-        )
-    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    value = duration_seconds(text)
+    if value is None:
+        raise ValueError(f"{name}: {text!r} is not a duration; {DURATION_HINT}")
     if value <= 0:
         raise ValueError(f"{name}: {text!r} must be greater than zero")
     return value

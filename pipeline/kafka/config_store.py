@@ -16,7 +16,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.config import ConfigTable, Destination, PipelineConfig, Source, Webhook
+from pipeline.core.config import (
+    ConfigTable,
+    Destination,
+    PipelineConfig,
+    RetryPolicy,
+    Source,
+    Webhook,
+)
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import topics_for
@@ -49,6 +56,7 @@ def _decode_source(record: dict[str, Any]) -> Source:
 
 
 def _encode_destination(dest: Destination) -> dict[str, Any]:
+    retry = dest.retry or RetryPolicy()
     return {
         "id": dest.id,
         "name": dest.name,
@@ -58,6 +66,12 @@ def _encode_destination(dest: Destination) -> dict[str, Any]:
         "standardWebhooks": dest.standard_webhooks,
         "rateLimit": dest.rate_limit,
         "webhooks": [{"url": w.url, "headers": dict(w.headers)} for w in dest.webhooks],
+        "retryDelays": None if retry.delays is None else list(retry.delays),
+        "retryDeadline": retry.deadline,
+        "maxInFlight": dest.max_in_flight,
+        "disableAfter": dest.disable_after,
+        "disabledReason": dest.disabled_reason,
+        "disabledAt": dest.disabled_at,
     }
 
 
@@ -71,6 +85,11 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         standard_webhooks=record["standardWebhooks"],
         rate_limit=record["rateLimit"],
         webhooks=[Webhook(url=w["url"], headers=w["headers"]) for w in record["webhooks"]],
+        retry=RetryPolicy(delays=record["retryDelays"], deadline=record["retryDeadline"]),
+        max_in_flight=record["maxInFlight"],
+        disable_after=record["disableAfter"],
+        disabled_reason=record["disabledReason"],
+        disabled_at=record["disabledAt"],
     )
 
 

@@ -14,6 +14,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     PipelineConfig,
+    RetryPolicy,
     Source,
     check_url,
     validate_config,
@@ -448,3 +449,187 @@ def test_empty_config_table() -> None:
     table = ConfigTable()
     assert table.source_for_write_key("wk") is None
     assert table.enabled_destinations("web") == ()
+
+
+# ---- delivery policy -------------------------------------------------------------------------------
+
+POLICY: dict[str, Any] = {
+    "retry": {"delays": ["10s", "1m", "5m", "30m", "1h"], "deadline": "4h"},
+    "max_in_flight": 200,
+    "rate_limit": 50,
+    "disable_after": "24h",
+}
+
+
+def test_a_full_delivery_policy() -> None:
+    dest = validate_config(config(**POLICY)).destinations[0]
+    assert dest.retry == RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=14400.0)
+    assert dest.max_in_flight == 200
+    assert dest.rate_limit == 50.0
+    assert dest.disable_after == 86400.0
+    assert (dest.disabled_reason, dest.disabled_at) == (None, None)
+
+
+def test_policy_defaults_when_absent() -> None:
+    dest = validate_config(VALID).destinations[0]
+    assert dest.retry is None  # the global PIPELINE_RETRY_DELAYS and PIPELINE_RETRY_DEADLINE
+    assert dest.max_in_flight is None
+    assert dest.rate_limit is None
+    assert dest.disable_after is None
+    assert (dest.disabled_reason, dest.disabled_at) == (None, None)
+
+
+def test_retry_keys_are_optional_each() -> None:
+    only_delays = validate_config(config(retry={"delays": ["30s"]})).destinations[0].retry
+    assert only_delays == RetryPolicy(delays=[30.0], deadline=None)
+    only_deadline = validate_config(config(retry={"deadline": "2h"})).destinations[0].retry
+    assert only_deadline == RetryPolicy(delays=None, deadline=7200.0)
+    # an empty policy says nothing: stored as no policy, so it compares equal after a Kafka trip
+    assert validate_config(config(retry={})).destinations[0].retry is None
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [("1s", 1.0), ("1.5m", 90.0), ("7d", 604800.0), (30, 30.0), (2.5, 2.5), ("45", 45.0)],
+)
+def test_retry_delays_take_durations_or_seconds(written: Any, seconds: float) -> None:
+    retry = validate_config(config(retry={"delays": [written]})).destinations[0].retry
+    assert retry is not None and retry.delays == [seconds]
+
+
+def test_disabled_state_is_accepted_in_yaml() -> None:
+    dest = validate_config(
+        config(disabled_reason="every attempt failed for 24h", disabled_at=1_795_273_500_000)
+    ).destinations[0]
+    assert dest.disabled_reason == "every attempt failed for 24h"
+    assert dest.disabled_at == 1_795_273_500_000
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (
+            {"retry": {"delays": ["10s", "1m", "10x"]}},
+            "destinations[0] (hooks-1).retry.delays[2]: '10x' is not a duration; "
+            "use a number with a unit, e.g. 500ms, 10s, 1m, 4h",
+        ),
+        (
+            {"retry": {"delays": ["10s", 0]}},
+            "destinations[0] (hooks-1).retry.delays[1]: 0s is under the minimum of 1s",
+        ),
+        (
+            {"retry": {"delays": ["0s"]}},
+            "destinations[0] (hooks-1).retry.delays[0]: '0s' is under the minimum of 1s",
+        ),
+        (
+            {"retry": {"delays": ["500ms"]}},
+            "destinations[0] (hooks-1).retry.delays[0]: '500ms' is under the minimum of 1s",
+        ),
+        (
+            {"retry": {"delays": ["8d"]}},
+            "destinations[0] (hooks-1).retry.delays[0]: '8d' is over the maximum of 7d",
+        ),
+        (
+            {"retry": {"delays": [True]}},
+            "destinations[0] (hooks-1).retry.delays[0]: True is not a duration; "
+            "use a number with a unit, e.g. 500ms, 10s, 1m, 4h",
+        ),
+        (
+            {"retry": {"delays": [float("nan")]}},
+            "destinations[0] (hooks-1).retry.delays[0]: nan is not a duration; "
+            "use a number with a unit, e.g. 500ms, 10s, 1m, 4h",
+        ),
+        (
+            {"retry": {"delays": []}},
+            "destinations[0] (hooks-1).retry.delays: needs at least one entry",
+        ),
+        (
+            {"retry": {"delays": ["1m"] * 21}},
+            "destinations[0] (hooks-1).retry.delays: has 21 entries, over the limit of 20",
+        ),
+        (
+            {"retry": {"deadline": "30s"}},
+            "destinations[0] (hooks-1).retry.deadline: '30s' is under the minimum of 1m",
+        ),
+        (
+            {"retry": {"deadline": "8d"}},
+            "destinations[0] (hooks-1).retry.deadline: '8d' is over the maximum of 7d",
+        ),
+        (
+            {"retry": {"delay": ["10s"]}},
+            "destinations[0] (hooks-1).retry.delay: is not a known field",
+        ),
+        (
+            {"retry": "4h"},
+            "destinations[0] (hooks-1).retry: must be a mapping (key: value)",
+        ),
+        (
+            {"max_in_flight": 0},
+            "destinations[0] (hooks-1).max_in_flight: must be at least 1, got 0",
+        ),
+        (
+            {"max_in_flight": 100_001},
+            "destinations[0] (hooks-1).max_in_flight: must be at most 100000, got 100001",
+        ),
+        (
+            {"max_in_flight": "200"},
+            "destinations[0] (hooks-1).max_in_flight: must be a whole number, got '200'",
+        ),
+        (
+            {"disable_after": "30s"},
+            "destinations[0] (hooks-1).disable_after: '30s' is under the minimum of 1m",
+        ),
+        (
+            {"disable_after": "31d"},
+            "destinations[0] (hooks-1).disable_after: '31d' is over the maximum of 30d",
+        ),
+        (
+            {"disable_after": "soon"},
+            "destinations[0] (hooks-1).disable_after: 'soon' is not a duration; "
+            "use a number with a unit, e.g. 500ms, 10s, 1m, 4h",
+        ),
+        (
+            {"rate_limit": 0},
+            "destinations[0] (hooks-1).rate_limit: must be greater than 0, got 0",
+        ),
+        (
+            {"disabled_at": -1},
+            "destinations[0] (hooks-1).disabled_at: must be at least 0, got -1",
+        ),
+    ],
+    ids=[
+        "delay-not-a-duration",
+        "delay-zero-number",
+        "delay-zero-text",
+        "delay-under-1s",
+        "delay-over-7d",
+        "delay-bool",
+        "delay-nan",
+        "delays-empty",
+        "delays-21",
+        "deadline-under-1m",
+        "deadline-over-7d",
+        "retry-unknown-key",
+        "retry-not-a-mapping",
+        "max-in-flight-zero",
+        "max-in-flight-too-big",
+        "max-in-flight-text",
+        "disable-after-under-1m",
+        "disable-after-over-30d",
+        "disable-after-not-a-duration",
+        "rate-limit-zero",
+        "disabled-at-negative",
+    ],
+)
+def test_bad_delivery_policy(policy: dict[str, Any], expected: str) -> None:
+    assert only_problem(config(**policy)) == expected
+
+
+def test_every_bad_delay_is_reported() -> None:
+    found = problems(config(retry={"delays": ["1x", "1m", 0], "deadline": "1s"}))
+    assert found == [
+        "destinations[0] (hooks-1).retry.delays[0]: '1x' is not a duration; "
+        "use a number with a unit, e.g. 500ms, 10s, 1m, 4h",
+        "destinations[0] (hooks-1).retry.delays[2]: 0s is under the minimum of 1s",
+        "destinations[0] (hooks-1).retry.deadline: '1s' is under the minimum of 1m",
+    ]

@@ -157,7 +157,23 @@ RECORDS: dict[str, dict[str, Any]] = {
             {"url": "https://example.com/hook", "headers": {"Authorization": "Bearer abc"}},
             {"url": "http://127.0.0.1:8090/x", "headers": {}},
         ],
+        "retryDelays": [10.0, 60.0, 300.0],
+        "retryDeadline": 14400.0,
+        "maxInFlight": 200,
+        "disableAfter": 86400.0,
+        "disabledReason": "every attempt failed for 24h",
+        "disabledAt": 1_795_273_500_000,
     },
+}
+
+#: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
+DESTINATION_V3_DEFAULTS = {
+    "retryDelays": None,
+    "retryDeadline": None,
+    "maxInFlight": None,
+    "disableAfter": None,
+    "disabledReason": None,
+    "disabledAt": None,
 }
 
 
@@ -175,13 +191,30 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
     record = {
         k: v
         for k, v in RECORDS["Destination"].items()
-        if k not in ("standardWebhooks", "rateLimit")
+        if k not in ("standardWebhooks", "rateLimit", *DESTINATION_V3_DEFAULTS)
     }
     out = io.BytesIO()
     out.write(MAGIC + _fingerprint(old))
     fastavro.schemaless_writer(out, old, record)
     decoded = codec.decode("Destination", out.getvalue())
-    assert decoded == {**record, "standardWebhooks": False, "rateLimit": None}
+    assert decoded == {
+        **record,
+        "standardWebhooks": False,
+        "rateLimit": None,
+        **DESTINATION_V3_DEFAULTS,
+    }
+
+
+def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_defaults(
+    codec: Codec,
+) -> None:
+    """schemas/history/destination.v2.avsc predates the delivery policy (retry, max_in_flight,
+    disable_after) and the auto-disable state."""
+    old = json.loads((schema_dir() / "history" / "destination.v2.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(DESTINATION_V3_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in DESTINATION_V3_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **DESTINATION_V3_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

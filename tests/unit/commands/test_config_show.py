@@ -1,0 +1,74 @@
+"""Unit tests for ``pipeline config show``'s output (``format_config``), without a broker."""
+
+from __future__ import annotations
+
+import orjson
+
+from pipeline.commands.config import format_config
+from pipeline.core.config import ConfigTable, Destination, RetryPolicy, Source, Webhook
+
+SECRET = "sekrit-hmac-key-0042"
+TOKEN = "Bearer tok-9f8e7d6c"
+
+POLICY = Destination(
+    id="hooks",
+    sources=["web"],
+    shared_secret=SECRET,
+    webhooks=[Webhook(url="https://example.com/h", headers={"Authorization": TOKEN})],
+    retry=RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=4 * 3600.0),
+    max_in_flight=200,
+    rate_limit=50.0,
+    disable_after=86_400.0,
+    disabled_reason="every attempt failed for 24h",
+    disabled_at=1_795_273_500_000,
+)
+PLAIN = Destination(id="plain", sources=["web"], webhooks=[Webhook(url="https://example.org/")])
+TABLE = ConfigTable.build([Source(id="web", write_keys=["wk_live_1"])], [POLICY, PLAIN])
+
+
+def test_text_shows_the_policy_under_each_destination() -> None:
+    lines = format_config(TABLE).splitlines()
+    hooks = next(i for i, line in enumerate(lines) if line.startswith("hooks "))
+    assert lines[hooks + 1] == (
+        "  retry 10s,1m,5m,30m,1h deadline 4h; max in flight 200; rate limit 50/s; disable after 1d"
+    )
+    assert lines[hooks + 2] == (
+        "  disabled: every attempt failed for 24h since 2026-11-21T15:05:00.000Z"
+    )
+    plain = next(i for i, line in enumerate(lines) if line.startswith("plain "))
+    assert lines[plain + 1] == (
+        "  retry default deadline default; max in flight -; rate limit -; disable after -"
+    )
+    assert lines[plain + 2 :] == []
+
+
+def test_a_partial_retry_policy_shows_the_default_for_the_rest() -> None:
+    dest = PLAIN.model_copy(update={"retry": RetryPolicy(deadline=7200.0)})
+    text = format_config(ConfigTable.build([Source(id="web")], [dest]))
+    assert "  retry default deadline 2h; " in text
+
+
+def test_json_has_the_config_file_keys_with_durations_as_text() -> None:
+    shown = orjson.loads(format_config(TABLE, as_json=True))["destinations"]
+    hooks, plain = shown
+    assert hooks["retry"] == {"delays": ["10s", "1m", "5m", "30m", "1h"], "deadline": "4h"}
+    assert hooks["max_in_flight"] == 200
+    assert hooks["rate_limit"] == 50.0
+    assert hooks["disable_after"] == "1d"
+    assert hooks["disabled_reason"] == "every attempt failed for 24h"
+    assert hooks["disabled_at"] == 1_795_273_500_000
+    assert plain["retry"] is None
+    assert plain["disable_after"] is None
+    assert plain["disabled_reason"] is None
+
+
+def test_secrets_stay_masked() -> None:
+    for text in (format_config(TABLE), format_config(TABLE, as_json=True)):
+        assert SECRET not in text
+        assert "tok-9f8e7d6c" not in text
+        assert "wk_live_1" not in text
+    hooks = orjson.loads(format_config(TABLE, as_json=True))["destinations"][0]
+    assert hooks["shared_secret"].startswith("••••")
+    assert hooks["webhooks"][0]["headers"]["Authorization"].startswith("••••")
+    unmasked = orjson.loads(format_config(TABLE, show_secrets=True, as_json=True))
+    assert unmasked["destinations"][0]["shared_secret"] == SECRET
