@@ -27,6 +27,7 @@ _ENV_NAMES = {
     "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
     "commit_interval": "PIPELINE_COMMIT_INTERVAL",
     "log_retention": "PIPELINE_LOG_RETENTION",
+    "metrics_max_destinations": "PIPELINE_METRICS_MAX_DESTINATIONS",
 }
 
 #: The words an on/off setting accepts.
@@ -58,6 +59,8 @@ class Settings:
     max_in_flight: int = 1000
     #: Connections a delivery worker opens to one host at most.
     max_connections_per_host: int = 100
+    #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
+    metrics_max_destinations: int = 1000
     schema_registry_url: str | None = None
     #: CIDRs deliveries may reach although the SSRF guard blocks them (e.g. ``127.0.0.0/8``).
     allowed_networks: tuple[str, ...] = ()
@@ -118,6 +121,7 @@ class Settings:
         integer("PIPELINE_REPLICATION_FACTOR", "replication_factor")
         integer("PIPELINE_MAX_IN_FLIGHT", "max_in_flight")
         integer("PIPELINE_MAX_CONNECTIONS_PER_HOST", "max_connections_per_host")
+        integer("PIPELINE_METRICS_MAX_DESTINATIONS", "metrics_max_destinations")
         seconds("PIPELINE_RETRY_DEADLINE", "retry_deadline")
         seconds("PIPELINE_DELIVERY_TIMEOUT", "delivery_timeout")
         seconds("PIPELINE_SESSION_TIMEOUT", "session_timeout")
@@ -154,6 +158,7 @@ class Settings:
             "max_in_flight",
             "max_connections_per_host",
             "circuit_failures",
+            "metrics_max_destinations",
         ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")

@@ -97,8 +97,9 @@ class DeliveryHandler:
         self.fatal: BaseException | None = None
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._outcomes = {o: metrics.DELIVERIES.labels(o.value) for o in Outcome}
-        self._retries = [metrics.RETRIES.labels(str(t)) for t in range(len(topics.retry))]
+        self._tiers = len(topics.retry)
+        metrics.configure_destination_labels(settings.metrics_max_destinations)
+        self._metrics: dict[str, _DestinationMetrics] = {}
         self._log_topic = topics.log if settings.log else None
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
 
@@ -218,8 +219,19 @@ class DeliveryHandler:
         if self._log is not None:
             await self._log.aclose()
 
+    def _metrics_of(self, destination: str) -> _DestinationMetrics:
+        found = self._metrics.get(destination)
+        if found is None:
+            found = self._metrics[destination] = _DestinationMetrics(destination, self._tiers)
+        return found
+
     def _dlq(self, letter: DeadLetter) -> Outgoing:
-        metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        destination = letter.delivery.destination_id if letter.delivery is not None else None
+        if destination is None:
+            label = metrics.UNKNOWN_DESTINATION
+        else:
+            label = metrics.destination_label(destination)
+        metrics.DEAD_LETTERS.labels(label, letter.reason).inc()
         key = letter.delivery.destination_id.encode() if letter.delivery is not None else None
         return (
             self._topics.dlq,
@@ -258,8 +270,10 @@ class DeliveryHandler:
             )
             finished = time.time()
             conclusion = conclude(record, results, self._schedule, now, finished)
+            counted = self._metrics_of(record.destination_id)
             if conclusion.requested:
-                metrics.DELIVERY_ATTEMPT_SECONDS.observe(finished - now)
+                counted.attempt_seconds.observe(finished - now)
+            counted.circuits(self._sender.open_circuits(go.destination))
             out, logged = self._hand_off(taken, record, conclusion, finished, results, now)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
@@ -287,7 +301,8 @@ class DeliveryHandler:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
         request begun at ``started``, if one was made) and its log record, and its metrics."""
         outcome, record = conclusion.outcome, conclusion.delivery
-        self._outcomes[outcome].inc()
+        counted = self._metrics_of(before.destination_id)
+        counted.outcomes[outcome].inc()
         logged = None
         if self._log_topic is not None:
             logged = self._log_record(before, conclusion, finished, results, started)
@@ -295,7 +310,7 @@ class DeliveryHandler:
             metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
             return [], logged  # a delivered record is not kept, so neither is its attempt history
         if outcome is Outcome.RETRY:
-            self._retries[record.tier].inc()
+            counted.retries[record.tier].inc()
             value = self._codec.encode("Delivery", delivery_to_record(record))
             return [(self._topics.retry[record.tier], taken.message.key(), value)], logged
         assert conclusion.reason is not None
@@ -321,6 +336,26 @@ class DeliveryHandler:
             started=started,
             reason=str(reason) if conclusion.outcome is not Outcome.DELIVERED else "",
         )
+
+
+class _DestinationMetrics:
+    """One destination's metric series (``destination`` label: its id, or ``other`` past
+    ``PIPELINE_METRICS_MAX_DESTINATIONS``), looked up once."""
+
+    __slots__ = ("outcomes", "attempt_seconds", "retries", "_circuits", "_open")
+
+    def __init__(self, destination: str, tiers: int) -> None:
+        label = metrics.destination_label(destination)
+        self.outcomes = {o: metrics.DELIVERIES.labels(label, o.value) for o in Outcome}
+        self.attempt_seconds = metrics.DELIVERY_ATTEMPT_SECONDS.labels(label)
+        self.retries = [metrics.RETRIES.labels(label, str(t)) for t in range(tiers)]
+        self._circuits = metrics.CIRCUITS_OPEN.labels(label)
+        self._open = -1
+
+    def circuits(self, open_now: int) -> None:
+        if open_now != self._open:  # the gauge's lock only on a change
+            self._open = open_now
+            self._circuits.set(open_now)
 
 
 def letter_of(

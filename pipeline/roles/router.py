@@ -238,7 +238,7 @@ class RouterHandler:
                 if decision.call_type is None:
                     undecodable = DeadLetterReason.UNDECODABLE
                     letter = letter_of(undecodable, taken, detail=decision.undecodable or "")
-                    metrics.DEAD_LETTERS.labels(undecodable.value).inc()
+                    metrics.DEAD_LETTERS.labels(metrics.UNKNOWN_DESTINATION, undecodable.value).inc()
                     value = codec.encode("DeadLetter", dead_letter_to_record(letter))
                     out.append((self._topics.dlq, None, value))
                     continue

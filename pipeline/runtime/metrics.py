@@ -25,6 +25,12 @@ __all__ = [
     "END_TO_END_SECONDS",
     "RETRIES",
     "DEAD_LETTERS",
+    "CIRCUITS_OPEN",
+    "UNKNOWN_DESTINATION",
+    "OTHER_DESTINATIONS",
+    "DestinationLabels",
+    "destination_label",
+    "configure_destination_labels",
     "IN_FLIGHT",
     "CONSUMER_LAG",
     "LOG_STORE_WRITTEN",
@@ -56,12 +62,13 @@ ROUTER_TRANSACTIONS = Counter(
 )
 DELIVERIES = Counter(
     "pipeline_deliveries",
-    "Delivery attempts by outcome (delivered, retry, dead_letter).",
-    ["outcome"],
+    "Delivery attempts by destination and outcome (delivered, retry, dead_letter).",
+    ["destination", "outcome"],
 )
 DELIVERY_ATTEMPT_SECONDS = Histogram(
     "pipeline_delivery_attempt_seconds",
-    "Duration of one delivery attempt (all webhooks of a destination at once).",
+    "Duration of one delivery attempt (all webhooks of a destination at once), by destination.",
+    ["destination"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 END_TO_END_SECONDS = Histogram(
@@ -69,9 +76,19 @@ END_TO_END_SECONDS = Histogram(
     "From the call's arrival at the pipeline to its delivery.",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 14400),
 )
-RETRIES = Counter("pipeline_retries", "Deliveries handed to a retry tier.", ["tier"])
+RETRIES = Counter(
+    "pipeline_retries", "Deliveries handed to a retry tier, by destination.", ["destination", "tier"]
+)
 DEAD_LETTERS = Counter(
-    "pipeline_dead_letters", "Records sent to the dead-letter topic.", ["reason"]
+    "pipeline_dead_letters",
+    "Records sent to the dead-letter topic, by destination (`unknown`: not decodable) and reason.",
+    ["destination", "reason"],
+)
+CIRCUITS_OPEN = Gauge(
+    "pipeline_circuits_open",
+    "Webhooks of a destination whose circuit (or whose host's) is open or half open, as this "
+    "worker saw it at its last attempt there.",
+    ["destination"],
 )
 LOG_STORE_WRITTEN = Counter(
     "pipeline_log_store_entries", "Delivery log entries the log-store wrote to its store."
@@ -86,6 +103,39 @@ CONSUMER_LAG = Gauge(
     "(approximate on the embedded broker).",
     ["topic", "partition"],
 )
+
+
+#: The ``destination`` label of a record whose destination is not known (it did not decode).
+UNKNOWN_DESTINATION = "unknown"
+#: The ``destination`` label shared by every destination past the limit.
+OTHER_DESTINATIONS = "other"
+
+
+class DestinationLabels:
+    """The ``destination`` label value of each destination id: the id itself for the first
+    ``limit`` ids a process sees (``PIPELINE_METRICS_MAX_DESTINATIONS``), ``other`` after that,
+    so thousands of destinations cannot swamp Prometheus with series."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+        self._labels: dict[str, str] = {}
+
+    def __call__(self, destination: str) -> str:
+        label = self._labels.get(destination)
+        if label is None:
+            admitted = len(self._labels) < self.limit
+            label = destination if admitted else OTHER_DESTINATIONS
+            if admitted:
+                self._labels[destination] = label
+        return label
+
+
+#: The process's labels (``configure_destination_labels`` sets the limit at start-up).
+destination_label = DestinationLabels()
+
+
+def configure_destination_labels(limit: int) -> None:
+    destination_label.limit = limit
 
 
 def serve_metrics(port: int | None, host: str = "0.0.0.0") -> None:  # noqa: S104

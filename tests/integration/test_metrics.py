@@ -116,14 +116,21 @@ ROLE_NOTHING = {
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``/metrics`` of the process on ``port``, parsed: {(sample name, sorted labels): value}."""
+def scrape(
+    port: int, *, by_destination: bool = False
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` of the process on ``port``, parsed: {(sample name, sorted labels): value};
+    added up over the ``destination`` label unless ``by_destination``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            labels = sorted(sample.labels.items())
+            if not by_destination:
+                labels = [label for label in labels if label[0] != "destination"]
+            key = (sample.name, tuple(labels))
+            samples[key] = samples.get(key, 0.0) + sample.value
     return samples
 
 
@@ -252,6 +259,34 @@ def test_worker_metrics_show_the_exact_counts_of_a_scripted_run(
     assert samples[("pipeline_delivery_attempt_seconds_bucket", (inf,))] == 7 * ROUTED
     assert samples[("pipeline_end_to_end_seconds_bucket", (inf,))] == 2 * ROUTED
     assert 0 < samples[("pipeline_delivery_attempt_seconds_sum", ())] < 7 * ROUTED * 1.0
+    # The same per destination: each one's own script.
+    per = scrape(port, by_destination=True)
+    assert labelled(per, "pipeline_deliveries_total") == {
+        (("destination", "ok"), ("outcome", "delivered")): ROUTED,
+        (("destination", "flaky"), ("outcome", "retry")): 2 * ROUTED,
+        (("destination", "flaky"), ("outcome", "delivered")): ROUTED,
+        (("destination", "gone"), ("outcome", "dead_letter")): ROUTED,
+        (("destination", "broken"), ("outcome", "retry")): ROUTED,
+        (("destination", "broken"), ("outcome", "dead_letter")): ROUTED,
+    }
+    assert labelled(per, "pipeline_retries_total") == {
+        (("destination", "flaky"), ("tier", "0")): ROUTED,
+        (("destination", "flaky"), ("tier", "1")): ROUTED,
+        (("destination", "broken"), ("tier", "0")): ROUTED,
+    }
+    assert labelled(per, "pipeline_dead_letters_total") == {
+        (("destination", "gone"), ("reason", "client_error")): ROUTED,
+        (("destination", "broken"), ("reason", "client_error")): ROUTED,
+    }
+    assert labelled(per, "pipeline_delivery_attempt_seconds_count") == {
+        (("destination", "ok"),): ROUTED,
+        (("destination", "flaky"),): 3 * ROUTED,
+        (("destination", "gone"),): ROUTED,
+        (("destination", "broken"),): 2 * ROUTED,
+    }
+    assert {
+        name: per[("pipeline_circuits_open", (("destination", name),))] for name in DESTINATIONS
+    } == dict.fromkeys(DESTINATIONS, 0)
     # Consumer lag comes from librdkafka statistics (every 5 s) for the worker's own topics only.
     lag_topics = {dict(labels)["topic"] for (n, labels) in samples if n == "pipeline_consumer_lag"}
     assert all(topic.startswith(settings.topic_prefix) for topic in lag_topics), lag_topics
@@ -289,6 +324,9 @@ def test_an_open_circuit_counts_retries_but_no_attempts(
     assert samples[("pipeline_deliveries_total", (("outcome", "retry"),))] == 12
     assert samples[("pipeline_delivery_attempt_seconds_count", ())] == requests
     assert stays(lambda: receiver.count() == requests, 0.5)
+    # The destination's one webhook has its circuit open, as the gauge says.
+    per = scrape(port, by_destination=True)
+    assert per[("pipeline_circuits_open", (("destination", "hooks"),))] == 1
 
 
 # ---- one process per role, added up by a real Prometheus ---------------------------------------

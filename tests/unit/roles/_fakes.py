@@ -101,6 +101,9 @@ class FakeSender:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
 
+    def open_circuits(self, destination: Destination) -> int:
+        return 1 if self.circuits(destination) else 0
+
     def refused_by_circuits(self, destination: Destination) -> list[UrlResult] | None:
         return self.circuits(destination)
 
