@@ -125,6 +125,7 @@ def conclude(
         now=finished,
         tier=delivery.tier,
         retry_after=decision.retry_after,
+        tried_before=len({attempt.at for attempt in delivery.attempts}),
     )
     if retry is None:
         return Conclusion(

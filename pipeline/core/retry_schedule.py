@@ -16,12 +16,25 @@ last slot goes to the dead-letter topic (``deadline_exceeded``).
     Retry(tier=1, not_before=99.0)
     >>> s.next_retry(first_attempt_at=0.0, now=99.0, tier=1) is None
     True
+
+A destination's own delays (its ``retry`` policy) still go through the retry tier topics, whose
+delays are the global ones (``tier_delays``): the n-th retry waits the destination's n-th delay,
+in the tier with the longest delay not over it. A tier's consumer waits for the record at its
+head, so a record there holds back the ones behind it by at most the gap to the next tier's
+delay; tiers are never taken early.
+
+    >>> own = RetrySchedule(delays=(45.0, 600.0), deadline=3600.0, jitter=0.0,
+    ...                     tier_delays=(10.0, 60.0, 300.0))
+    >>> own.next_retry(first_attempt_at=0.0, now=0.0, tier=-1, tried_before=0)
+    Retry(tier=0, not_before=45.0)
+    >>> own.next_retry(first_attempt_at=0.0, now=45.0, tier=0, tried_before=1)
+    Retry(tier=2, not_before=645.0)
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Retry", "RetrySchedule"]
@@ -40,6 +53,22 @@ class RetrySchedule:
     delays: tuple[float, ...] = (10.0, 60.0, 300.0, 1800.0, 3600.0)
     deadline: float = 4 * 3600.0
     jitter: float = 0.1
+    #: The retry tier topics' delays, when ``delays`` are a destination's own (see above);
+    #: ``None``: ``delays`` are the tiers' (tier n waits delay n).
+    tier_delays: tuple[float, ...] | None = None
+
+    def for_policy(
+        self, delays: Sequence[float] | None, deadline: float | None
+    ) -> RetrySchedule:
+        """This (global) schedule with a destination's own delays and deadline, where given."""
+        if delays is None and deadline is None:
+            return self
+        return RetrySchedule(
+            tuple(delays) if delays is not None else self.delays,
+            deadline if deadline is not None else self.deadline,
+            self.jitter,
+            self.delays if delays is not None else None,
+        )
 
     @property
     def margin(self) -> float:
@@ -61,16 +90,23 @@ class RetrySchedule:
         tier: int,
         retry_after: float | None = None,
         uniform: Callable[[float, float], float] = random.uniform,
+        tried_before: int = 0,
     ) -> Retry | None:
-        """The next try after a retryable failure at ``now`` in ``tier`` (-1: the main topic).
+        """The next try after a retryable failure at ``now`` in ``tier`` (-1: the main topic),
+        the record having been tried ``tried_before`` times before this failure (it picks the
+        delay when the delays are a destination's own).
 
         ``None`` means the deadline leaves no room for another try.
         """
         last_slot = self.last_slot(first_attempt_at)
         if now >= last_slot:
             return None
-        next_tier = min(tier + 1, len(self.delays) - 1)
-        base = self.delays[next_tier]
+        if self.tier_delays is None:
+            next_tier = index = min(tier + 1, len(self.delays) - 1)
+        else:
+            index = min(tried_before, len(self.delays) - 1)
+            next_tier = _tier_for(self.delays[index], self.tier_delays)
+        base = self.delays[index]
         delay = base * (1.0 + uniform(-self.jitter, self.jitter))
         if retry_after is not None and retry_after > delay and now + retry_after <= last_slot:
             delay = retry_after
@@ -79,3 +115,12 @@ class RetrySchedule:
     def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:
         """No attempt starts after the deadline."""
         return first_attempt_at is None or now <= self.deadline_at(first_attempt_at)
+
+
+def _tier_for(delay: float, tier_delays: tuple[float, ...]) -> int:
+    """The tier with the longest delay not over ``delay`` (the first if every one is)."""
+    tier = 0
+    for index, tier_delay in enumerate(tier_delays):
+        if tier_delay <= delay:
+            tier = index
+    return tier

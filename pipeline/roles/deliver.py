@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
+from pipeline.core.config import Destination
 from pipeline.core.dead_letters import dead_letter
 from pipeline.core.delivery_policy import Conclusion, Go, before_attempt, conclude
 from pipeline.core.exceptions import UndecodableRecord
@@ -98,6 +99,7 @@ class DeliveryHandler:
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
         self._tiers = len(topics.retry)
+        self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
         self._log_topic = topics.log if settings.log else None
@@ -160,7 +162,11 @@ class DeliveryHandler:
         try:
             destination = self._follower.table.destinations.get(record.destination_id)
             before = before_attempt(
-                record, destination, self._schedule, now, self._sender.refused_by_circuits
+                record,
+                destination,
+                self._schedule_of(destination),
+                now,
+                self._sender.refused_by_circuits,
             )
             if isinstance(before, Go):
                 self._spawn(self._process(taken, before, loop, now))
@@ -219,6 +225,19 @@ class DeliveryHandler:
         if self._log is not None:
             await self._log.aclose()
 
+    def _schedule_of(self, destination: Destination | None) -> RetrySchedule:
+        """The destination's retry schedule: its own ``retry`` policy over the global one."""
+        policy = destination.retry if destination is not None else None
+        if policy is None:
+            return self._schedule
+        assert destination is not None
+        key = (tuple(policy.delays or ()), policy.deadline)
+        known = self._schedules.get(destination.id)
+        if known is None or known[0] != key:
+            schedule = self._schedule.for_policy(policy.delays, policy.deadline)
+            known = self._schedules[destination.id] = (key, schedule)
+        return known[1]
+
     def _metrics_of(self, destination: str) -> _DestinationMetrics:
         found = self._metrics.get(destination)
         if found is None:
@@ -269,7 +288,9 @@ class DeliveryHandler:
                 go.destination, record.body, record.message_id, final=go.final
             )
             finished = time.time()
-            conclusion = conclude(record, results, self._schedule, now, finished)
+            conclusion = conclude(
+                record, results, self._schedule_of(go.destination), now, finished
+            )
             counted = self._metrics_of(record.destination_id)
             if conclusion.requested:
                 counted.attempt_seconds.observe(finished - now)

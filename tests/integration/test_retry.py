@@ -181,3 +181,35 @@ def test_dlq_list_and_replay_deliver_once_the_receiver_is_fixed(
         orjson.loads(line)["replayedAt"] is not None
         for line in run_cli(settings, "dlq", "list", "--json").stdout.splitlines()
     ] == [True]
+
+
+def test_a_destination_retries_on_its_own_schedule(settings, receiver_factory, worker_factory):
+    """A destination's ``retry`` policy replaces the global delays (1 s, 2 s) and deadline (8 s)
+    for it alone; its neighbour keeps the global ones."""
+    settings = settings.replace(circuit_failures=1000)  # keep the circuit breaker out of it
+    own = receiver_factory(by_attempt(503, 503, then=200))
+    default = receiver_factory(by_attempt(503, 503, then=200))
+    config = simple_config(own.url, retry={"delays": ["3s", "1s"], "deadline": "1m"})
+    config["destinations"].append(
+        {"id": "plain", "sources": ["web"], "webhooks": [{"url": default.url}]}
+    )
+    apply(settings, config)
+    worker_factory(settings)
+    send_calls(settings, [dict(TRACK, messageId="own-1")], "wk")
+
+    wait_for(lambda: own.count() == 3 and default.count() == 3, timeout=30)
+    first, second, third = _times(own)
+    assert second - first >= 2.7, "its first delay is 3 s - 10 %"
+    assert 0.9 <= third - second < 2.5, "its second delay is 1 s"
+    first, second, third = _times(default)
+    assert 0.9 <= second - first < 2.5 and third - second >= 1.8, "the global 1 s, 2 s"
+    tiers: dict[str, list[int]] = {}
+    deadlines = {}
+    for tier, topic in enumerate(topics_for(settings).retry):
+        for message in read_topic(settings, topic, idle_timeout=5):
+            record = Codec.default().decode("Delivery", message.value())
+            tiers.setdefault(record["destinationId"], []).append(tier)
+            deadlines[record["destinationId"]] = record["deadline"] - record["firstAttemptAt"]
+    # Its 3 s retry waits in the 2 s tier, its 1 s retry in the 1 s tier.
+    assert sorted(tiers["hooks"]) == [0, 1] and sorted(tiers["plain"]) == [0, 1]
+    assert deadlines == {"hooks": 60_000, "plain": 8_000}

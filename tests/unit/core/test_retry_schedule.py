@@ -246,3 +246,48 @@ def test_any_retry_is_in_the_future_and_before_the_deadline(
     assert now < retry.not_before <= last_slot
     assert retry.tier == min(tier + 1, len(DEFAULT_DELAYS) - 1)
     assert schedule.may_attempt(first_attempt_at=T0, now=retry.not_before)
+
+
+# ---- a destination's own policy ----------------------------------------------------------------
+
+GLOBAL = RetrySchedule(delays=(10.0, 60.0, 300.0, 1800.0, 3600.0), deadline=HOURS_4, jitter=0.0)
+
+
+def test_no_policy_is_the_global_schedule() -> None:
+    assert GLOBAL.for_policy(None, None) is GLOBAL
+
+
+def test_a_policy_deadline_alone_keeps_the_global_delays_and_tiers() -> None:
+    own = GLOBAL.for_policy(None, 600.0)
+    assert (own.delays, own.deadline, own.tier_delays) == (GLOBAL.delays, 600.0, None)
+
+
+@pytest.mark.parametrize(
+    ("tried_before", "expected"),
+    [
+        (0, Retry(0, T0 + 45.0)),  # 45 s: in the 10 s tier (the longest not over 45 s)
+        (1, Retry(2, T0 + 300.0)),  # 300 s: the 300 s tier
+        (2, Retry(4, T0 + 7200.0)),  # 2 h: the 1 h tier
+        (9, Retry(4, T0 + 7200.0)),  # the last delay repeats
+    ],
+)
+def test_own_delays_go_to_the_tier_with_the_longest_delay_not_over_them(
+    tried_before: int, expected: Retry
+) -> None:
+    own = GLOBAL.for_policy([45.0, 300.0, 7200.0], None)
+    assert own.tier_delays == GLOBAL.delays
+    retry = own.next_retry(first_attempt_at=T0, now=T0, tier=3, tried_before=tried_before)
+    assert retry == expected
+
+
+def test_an_own_delay_shorter_than_every_tier_goes_to_the_first() -> None:
+    own = GLOBAL.for_policy([2.0], None)
+    assert own.next_retry(first_attempt_at=T0, now=T0, tier=-1) == Retry(0, T0 + 2.0)
+
+
+def test_an_own_deadline_bounds_own_retries() -> None:
+    own = GLOBAL.for_policy([45.0], 100.0)
+    assert own.next_retry(first_attempt_at=T0, now=T0 + 60.0, tier=0, tried_before=1) == Retry(
+        0, T0 + 99.0
+    )
+    assert own.next_retry(first_attempt_at=T0, now=T0 + 99.0, tier=0, tried_before=2) is None
