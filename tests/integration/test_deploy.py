@@ -465,7 +465,23 @@ def test_dashboard_parses_and_every_query_names_an_exported_metric():
             )
             assert used <= exported, f"{panel['title']}: not exported: {used - exported}"
     rows = {p["title"] for p in panels if p["type"] == "row"}
-    assert {"Throughput", "Outcomes", "Latency", "Lag and load", "Retries", "Dead letters"} <= rows
+    assert {
+        "Throughput",
+        "Outcomes",
+        "Latency",
+        "Lag and load",
+        "Retries",
+        "Dead letters",
+        "Per destination",
+    } <= rows
+    # The destination variable lists the label's values; the per-destination panels filter on it.
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    destination = variables["destination"]
+    assert destination["multi"] and destination["includeAll"]
+    assert destination["query"] == "label_values(pipeline_deliveries_total, destination)"
+    assert '{destination=~"$destination"}' in "".join(
+        t["expr"] for p, t in dashboard_targets() if p["title"] == "Open circuits by destination"
+    )
     exprs = " ".join(t["expr"] for _, t in dashboard_targets())
     for histogram in ("pipeline_delivery_attempt_seconds", "pipeline_end_to_end_seconds"):
         for quantile in ("0.5", "0.95", "0.99"):
@@ -476,6 +492,7 @@ def test_dashboard_parses_and_every_query_names_an_exported_metric():
         "pipeline_consumer_lag",
         "pipeline_retries_total",
         "pipeline_dead_letters_total",
+        "pipeline_circuits_open",
     ):
         assert metric in exprs, metric
 
