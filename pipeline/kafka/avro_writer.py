@@ -319,3 +319,10 @@ def _map(values: Writer) -> Writer:
         out.append(0)
 
     return write_map
+
+
+#: The writers of single values, for code that writes a known record shape straight to bytes
+#: (``pipeline.kafka.log_batches``): the same checks and bytes as the compiled writers.
+write_string = _write_string
+write_long = _write_long
+write_int = _write_int

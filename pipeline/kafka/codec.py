@@ -114,6 +114,10 @@ class Codec:
     def schema(self, name: str) -> Any:
         return self._schemas[name]
 
+    def header(self, name: str) -> bytes:
+        """The single-object header of schema ``name``'s records: the Avro body follows it."""
+        return self._headers[name]
+
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
         write = self._compiled[name]
         if write is not None:

@@ -13,39 +13,199 @@ per-record work twice over per delivered call. So every writer batches:
 
 Readers take both a ``LogBatch`` and a lone ``LogRecord`` (``decode_log_records``), which is
 what the log held before batches.
+
+The two records every delivered call makes (the router's ``received`` + ``routed``, the delivery
+handler's ``attempt`` + ``delivered``) are written straight to Avro bytes from the pipeline's own
+objects (``routed_log_body``, ``delivered_log_body``): building the dicts and walking the schema
+cost the hot path about twice as much. Every other record goes through the dict builders of
+``pipeline.core.log_entries`` and the codec; ``tests/unit/kafka/test_log_batches.py`` checks that
+both give the same bytes. A codec other than ``Codec`` (the Schema Registry's) takes dicts only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.core.calls import Call
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
-from pipeline.core.log_entries import LOG_BATCH_BYTES, log_batch
-from pipeline.kafka.codec import RecordCodec
+from pipeline.core.log_entries import LOG_BATCH_BYTES, LogKind, log_batch
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.records import Delivery
+from pipeline.kafka.avro_writer import write_int, write_long, write_string
+from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.producer import AsyncProducer
 
-__all__ = ["LogBatcher", "decode_log_records", "log_batch_records"]
+__all__ = [
+    "LogBatcher",
+    "decode_log_records",
+    "delivered_log_body",
+    "log_batch_records",
+    "routed_log_body",
+    "writes_bodies",
+]
 log = logging.getLogger("pipeline.log")
 
 Record = dict[str, Any]
+#: A ``LogRecord``: the codec's dict, or its Avro body (``routed_log_body``, ...).
+LogRecordValue = Record | bytes
+
+
+def writes_bodies(codec: RecordCodec) -> bool:
+    """Does ``codec`` take ``LogRecord`` bodies (bytes) in ``log_batch_records``?"""
+    return isinstance(codec, Codec)
 
 
 def log_batch_records(
-    codec: RecordCodec, topic: str, records: list[Record], key: bytes | None = None
+    codec: RecordCodec, topic: str, records: Sequence[LogRecordValue], key: bytes | None = None
 ) -> list[Outgoing]:
-    """``records`` (``LogRecord`` dicts) as the Kafka records to produce: one ``LogBatch``, cut
-    in halves while larger than ``LOG_BATCH_BYTES`` (a lone record goes whatever its size)."""
-    value = codec.encode("LogBatch", log_batch(records))
+    """``records`` as the Kafka records to produce: one ``LogBatch``, cut in halves while larger
+    than ``LOG_BATCH_BYTES`` (a lone record goes whatever its size)."""
+    if isinstance(codec, Codec):
+        bodies = [
+            record if isinstance(record, bytes) else codec.encode("LogRecord", record)[_HEADER:]
+            for record in records
+        ]
+        return _batches_of_bodies(codec.header("LogBatch"), topic, key, bodies)
+    assert all(type(record) is dict for record in records), "bodies need the Codec"
+    value = codec.encode("LogBatch", log_batch(records))  # type: ignore[arg-type]
     if len(value) <= LOG_BATCH_BYTES or len(records) == 1:
         return [(topic, key, value)]
     half = len(records) // 2
     return log_batch_records(codec, topic, records[:half], key) + log_batch_records(
         codec, topic, records[half:], key
     )
+
+
+def _batches_of_bodies(
+    header: bytes, topic: str, key: bytes | None, bodies: list[bytes]
+) -> list[Outgoing]:
+    """A ``LogBatch`` is its header, then its ``records`` array: the count, the records, 0."""
+    if sum(map(len, bodies)) <= LOG_BATCH_BYTES or len(bodies) == 1:
+        value = bytearray(header)
+        write_long(value, len(bodies))
+        value += b"".join(bodies)
+        value.append(0)
+        return [(topic, key, bytes(value))]
+    half = len(bodies) // 2
+    return _batches_of_bodies(header, topic, key, bodies[:half]) + _batches_of_bodies(
+        header, topic, key, bodies[half:]
+    )
+
+
+#: The single-object header's length (``Codec``): 2 magic bytes and the 8-byte fingerprint.
+_HEADER = 10
+
+
+def _kind(kind: LogKind) -> bytes:
+    out = bytearray()
+    write_string(out, kind.value)
+    return bytes(out)
+
+
+_RECEIVED, _ROUTED = _kind(LogKind.RECEIVED), _kind(LogKind.ROUTED)
+_ATTEMPT, _DELIVERED = _kind(LogKind.ATTEMPT), _kind(LogKind.DELIVERED)
+#: An entry's fields from ``url`` on at their defaults: url "", status null, error "",
+#: durationMs 0, tier -1, notBefore 0, attempt 0, response "", replayId "", body null.
+_TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00"
+#: ``destinations`` [], ``reason`` "", ``size`` 0.
+_NOTHING = b"\x00\x00\x00"
+
+
+def _identity(
+    out: bytearray,
+    message_id: str,
+    source: str,
+    call_type: str,
+    user_id: str | None,
+    anonymous_id: str | None,
+    event: str | None,
+) -> None:
+    write_string(out, message_id)
+    write_string(out, source)
+    write_string(out, call_type)
+    for text in (user_id, anonymous_id, event):
+        if text is None:
+            out.append(0)
+        else:
+            out.append(2)
+            write_string(out, text)
+
+
+def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> bytes:
+    """``call_log_record(call, size, at, destinations=destinations)``'s Avro body: the router's
+    record of a call routed, no destination left out, no body logged."""
+    out = bytearray()
+    _identity(
+        out,
+        call.message_id,
+        call.source_id,
+        call.type.value,
+        call.user_id,
+        call.anonymous_id,
+        call.event,
+    )
+    out.append(4)  # two entries
+    out += _RECEIVED
+    write_long(out, call.received_at)
+    out += _NOTHING[:2]  # destination "", destinations []
+    out.append(0)  # reason ""
+    write_int(out, size)
+    out += _TAIL
+    out += _ROUTED
+    write_long(out, at)
+    out.append(0)  # destination ""
+    if destinations:
+        write_long(out, len(destinations))
+        for name in destinations:
+            write_string(out, name)
+    out.append(0)  # end of destinations
+    out += _NOTHING[1:]  # reason "", size 0
+    out += _TAIL
+    out.append(0)  # end of entries
+    return bytes(out)
+
+
+def delivered_log_body(
+    before: Delivery, results: list[UrlResult], started: float, finished: float
+) -> bytes:
+    """``conclusion_log_record(before, DELIVERED, ...)``'s Avro body: the delivery handler's
+    record of an attempt (``results``, begun at ``started``) that delivered at ``finished``."""
+    out = bytearray()
+    _identity(out, before.message_id, before.source_id, before.call_type, None, None, None)
+    requested = [result for result in results if result.failure is not Failure.CIRCUIT_OPEN]
+    write_long(out, len(requested) + 1)
+    destination = before.destination_id
+    at = int(started * 1000)
+    number = len({attempt.at for attempt in before.attempts}) + 1
+    for result in requested:
+        out += _ATTEMPT
+        write_long(out, at)
+        write_string(out, destination)
+        out += _NOTHING
+        write_string(out, result.url)
+        if result.status is None:
+            out.append(0)
+        else:
+            out.append(2)
+            write_int(out, result.status)
+        write_string(out, "" if result.failure is None else result.failure.value)
+        write_int(out, int(result.duration * 1000))
+        write_int(out, before.tier)
+        out.append(0)  # notBefore 0
+        write_int(out, number)
+        write_string(out, result.response)
+        out += b"\x00\x00"  # replayId "", body null
+    out += _DELIVERED
+    write_long(out, int(finished * 1000))
+    write_string(out, destination)
+    out += _NOTHING
+    out += _TAIL
+    out.append(0)  # end of entries
+    return bytes(out)
 
 
 def decode_log_records(codec: RecordCodec, data: bytes | None) -> list[Record]:
@@ -77,11 +237,11 @@ class LogBatcher:
         self._codec = codec
         self._topic = topic
         self._stop = stop
-        self._pending: list[Record] = []
+        self._pending: list[LogRecordValue] = []
         self._then: list[tuple[Callable[[Any], object], Any]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    def add(self, record: Record, then: Callable[[Any], object], arg: Any) -> None:
+    def add(self, record: LogRecordValue, then: Callable[[Any], object], arg: Any) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(record)
@@ -95,7 +255,7 @@ class LogBatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(
-        self, records: list[Record], then: list[tuple[Callable[[Any], object], Any]]
+        self, records: list[LogRecordValue], then: list[tuple[Callable[[Any], object], Any]]
     ) -> None:
         try:
             out = log_batch_records(self._codec, self._topic, records)

@@ -51,7 +51,13 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
-from pipeline.kafka.log_batches import LogBatcher, log_batch_records
+from pipeline.kafka.log_batches import (
+    LogBatcher,
+    LogRecordValue,
+    delivered_log_body,
+    log_batch_records,
+    writes_bodies,
+)
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.runtime import metrics
@@ -62,7 +68,7 @@ log = logging.getLogger("pipeline.deliver")
 #: A ``LogRecord`` as the codec's dict (``pipeline.core.log_entries``).
 LogRecordDict = dict[str, Any]
 #: A record decided without a request: what to produce for it, and its log record.
-Decided = tuple[Taken, list[Outgoing], LogRecordDict | None]
+Decided = tuple[Taken, list[Outgoing], LogRecordValue | None]
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
@@ -103,6 +109,7 @@ class DeliveryHandler:
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
         self._log_topic = topics.log if settings.log else None
+        self._bodies_direct = writes_bodies(self._codec)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
 
     def topics(self) -> Sequence[str]:
@@ -288,9 +295,7 @@ class DeliveryHandler:
                 go.destination, record.body, record.message_id, final=go.final
             )
             finished = time.time()
-            conclusion = conclude(
-                record, results, self._schedule_of(go.destination), now, finished
-            )
+            conclusion = conclude(record, results, self._schedule_of(go.destination), now, finished)
             counted = self._metrics_of(record.destination_id)
             if conclusion.requested:
                 counted.attempt_seconds.observe(finished - now)
@@ -318,15 +323,18 @@ class DeliveryHandler:
         finished: float,
         results: Sequence[UrlResult] = (),
         started: float = 0.0,
-    ) -> tuple[list[Outgoing], LogRecordDict | None]:
+    ) -> tuple[list[Outgoing], LogRecordValue | None]:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
         request begun at ``started``, if one was made) and its log record, and its metrics."""
         outcome, record = conclusion.outcome, conclusion.delivery
         counted = self._metrics_of(before.destination_id)
         counted.outcomes[outcome].inc()
-        logged = None
+        logged: LogRecordValue | None = None
         if self._log_topic is not None:
-            logged = self._log_record(before, conclusion, finished, results, started)
+            if outcome is Outcome.DELIVERED and self._bodies_direct:
+                logged = delivered_log_body(before, list(results), started, finished)  # fast
+            else:
+                logged = self._log_record(before, conclusion, finished, results, started)
         if outcome is Outcome.DELIVERED:
             metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
             return [], logged  # a delivered record is not kept, so neither is its attempt history

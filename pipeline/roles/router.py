@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.log_entries import call_log_record
@@ -32,7 +31,12 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
-from pipeline.kafka.log_batches import log_batch_records
+from pipeline.kafka.log_batches import (
+    LogRecordValue,
+    log_batch_records,
+    routed_log_body,
+    writes_bodies,
+)
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, TransactionFailed
@@ -85,6 +89,7 @@ class RouterHandler:
         self.fatal: BaseException | None = None
         self._log = log
         self._log_bodies = log_bodies
+        self._bodies_direct = writes_bodies(self._codec)
         self._routed = {t: metrics.CALLS_ROUTED.labels(t.value) for t in CallType}
         self._dropped = {r: metrics.CALLS_DROPPED.labels(r.value) for r in DropReason}
 
@@ -222,7 +227,7 @@ class RouterHandler:
         deliveries_topic = self._topics.deliveries
         log_topic = self._topics.log if self._log else None
         out: list[Outgoing] = []
-        logged: list[dict[str, Any]] = []
+        logged: list[LogRecordValue] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
         dropped: dict[DropReason, int] = {}
@@ -238,7 +243,9 @@ class RouterHandler:
                 if decision.call_type is None:
                     undecodable = DeadLetterReason.UNDECODABLE
                     letter = letter_of(undecodable, taken, detail=decision.undecodable or "")
-                    metrics.DEAD_LETTERS.labels(metrics.UNKNOWN_DESTINATION, undecodable.value).inc()
+                    metrics.DEAD_LETTERS.labels(
+                        metrics.UNKNOWN_DESTINATION, undecodable.value
+                    ).inc()
                     value = codec.encode("DeadLetter", dead_letter_to_record(letter))
                     out.append((self._topics.dlq, None, value))
                     continue
@@ -267,18 +274,28 @@ class RouterHandler:
         topic = self._topics.deliveries
         return sum(1 for record in out if record[0] == topic)
 
-    def _log_record(self, taken: Taken, decision: Routed) -> dict[str, Any]:
+    def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue:
         """The delivery log's record of the call ``decision`` is about."""
         call = decision.call
         assert call is not None
+        size = len(taken.message.value() or b"")
+        at = int(time.time() * 1000)
+        destinations = [delivery.destination_id for _, delivery in decision.deliveries]
+        if (
+            self._bodies_direct
+            and not self._log_bodies
+            and decision.dropped is None
+            and not decision.excluded
+        ):
+            return routed_log_body(call, size, at, destinations)  # the common case, fast
         body = None
         if self._log_bodies:
             body = decision.deliveries[0][1].body if decision.deliveries else render_body(call)
         return call_log_record(
             call,
-            len(taken.message.value() or b""),
-            int(time.time() * 1000),
-            destinations=[delivery.destination_id for _, delivery in decision.deliveries],
+            size,
+            at,
+            destinations=destinations,
             dropped=None if decision.dropped is None else decision.dropped.value,
             excluded=[(name, reason.value) for name, reason in decision.excluded],
             body=None if body is None else body.decode(),

@@ -7,13 +7,32 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pipeline.core.calls import Call, CallType
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
-from pipeline.core.log_entries import LOG_BATCH_BYTES, LogKind, entry, log_record
+from pipeline.core.log_entries import (
+    LOG_BATCH_BYTES,
+    LogKind,
+    call_log_record,
+    conclusion_log_record,
+    entry,
+    log_record,
+)
+from pipeline.core.outcomes import Failure, Outcome, UrlResult
+from pipeline.core.records import Attempt, Delivery
 from pipeline.kafka.codec import Codec
-from pipeline.kafka.log_batches import LogBatcher, decode_log_records, log_batch_records
+from pipeline.kafka.log_batches import (
+    LogBatcher,
+    decode_log_records,
+    delivered_log_body,
+    log_batch_records,
+    routed_log_body,
+)
 
 CODEC = Codec.default()
+CODEC_HEADER = len(CODEC.header("LogRecord"))
 
 
 def record(message_id: str, response: str = "") -> dict[str, Any]:
@@ -101,3 +120,103 @@ def test_records_not_acknowledged_at_stop_are_not_finished() -> None:
 
     asyncio.run(go())
     assert finished == []  # read again after a restart
+
+
+# ---- the two hot records, written straight to bytes ---------------------------------------------
+
+_TEXT = st.text(max_size=40)
+_OPTIONAL = st.none() | st.text(min_size=1, max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message_id=st.text(min_size=1, max_size=40),
+    user=_OPTIONAL,
+    anonymous=_OPTIONAL,
+    event=_OPTIONAL,
+    size=st.integers(0, 2**31 - 1),
+    at=st.integers(0, 2**62),
+    received=st.integers(0, 2**62),
+    destinations=st.lists(_TEXT, max_size=5),
+)
+def test_a_routed_body_is_the_codecs_bytes(
+    message_id: str,
+    user: str | None,
+    anonymous: str | None,
+    event: str | None,
+    size: int,
+    at: int,
+    received: int,
+    destinations: list[str],
+) -> None:
+    call = Call(
+        CallType.TRACK if event else CallType.IDENTIFY,
+        message_id,
+        "web",
+        timestamp=received,
+        received_at=received,
+        user_id=user if user or anonymous else "u",
+        anonymous_id=anonymous,
+        event=event,
+    )
+    expected = CODEC.encode(
+        "LogRecord", call_log_record(call, size, at, destinations=destinations)
+    )[CODEC_HEADER:]
+    assert routed_log_body(call, size, at, destinations) == expected
+
+
+_RESULT = st.builds(
+    UrlResult,
+    url=_TEXT,
+    status=st.none() | st.integers(100, 599),
+    failure=st.none() | st.sampled_from(list(Failure)),
+    detail=st.just(""),
+    duration=st.floats(0, 100),
+    retry_after=st.none(),
+    response=_TEXT,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    results=st.lists(_RESULT, min_size=1, max_size=5),
+    tier=st.integers(-1, 8),
+    earlier=st.lists(st.integers(0, 2**40), max_size=4),
+    started=st.floats(1e9, 2e9),
+    took=st.floats(0, 10),
+    destination=st.text(min_size=1, max_size=20),
+)
+def test_a_delivered_body_is_the_codecs_bytes(
+    results: list[UrlResult],
+    tier: int,
+    earlier: list[int],
+    started: float,
+    took: float,
+    destination: str,
+) -> None:
+    before = Delivery(
+        "m1",
+        destination,
+        "web",
+        "track",
+        b"{}",
+        1,
+        tier=tier,
+        attempts=tuple(Attempt(at, "u", 500, "server_error", 1) for at in earlier),
+    )
+    finished = started + took
+    record = conclusion_log_record(
+        before, Outcome.DELIVERED, before, finished, results=results, started=started
+    )
+    expected = CODEC.encode("LogRecord", record)[CODEC_HEADER:]
+    assert delivered_log_body(before, results, started, finished) == expected
+
+
+def test_bodies_and_dicts_share_a_batch() -> None:
+    call = Call(CallType.TRACK, "m9", "web", timestamp=1, received_at=1, user_id="u", event="E")
+    body = routed_log_body(call, 10, 2, ["d"])
+    ((_, _, value),) = log_batch_records(CODEC, "t.log", [record("m1"), body])
+    assert decode_log_records(CODEC, value) == [
+        record("m1"),
+        call_log_record(call, 10, 2, destinations=["d"]),
+    ]
