@@ -57,9 +57,7 @@ class RetrySchedule:
     #: ``None``: ``delays`` are the tiers' (tier n waits delay n).
     tier_delays: tuple[float, ...] | None = None
 
-    def for_policy(
-        self, delays: Sequence[float] | None, deadline: float | None
-    ) -> RetrySchedule:
+    def for_policy(self, delays: Sequence[float] | None, deadline: float | None) -> RetrySchedule:
         """This (global) schedule with a destination's own delays and deadline, where given."""
         if delays is None and deadline is None:
             return self

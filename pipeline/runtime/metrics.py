@@ -77,7 +77,9 @@ END_TO_END_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 14400),
 )
 RETRIES = Counter(
-    "pipeline_retries", "Deliveries handed to a retry tier, by destination.", ["destination", "tier"]
+    "pipeline_retries",
+    "Deliveries handed to a retry tier, by destination.",
+    ["destination", "tier"],
 )
 DEAD_LETTERS = Counter(
     "pipeline_dead_letters",
