@@ -70,6 +70,15 @@ class CircuitBreaker:
             return self._clock() - self._opened_at < self.cool_down
         return self._probing
 
+    def retry_in(self) -> float:
+        """Seconds until ``allow()`` may let a request through again: the rest of the cool-down
+        when open; a probe's worth (1 s) while the half-open probe runs; 0 when closed."""
+        if self.state is CircuitState.OPEN:
+            return max(0.0, self.cool_down - (self._clock() - self._opened_at))
+        if self.state is CircuitState.HALF_OPEN and self._probing:
+            return 1.0
+        return 0.0
+
     def record(self, *, ok: bool) -> None:
         """The outcome of a request: ``ok`` for a success, else a retryable failure."""
         if ok:

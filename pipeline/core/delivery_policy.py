@@ -27,6 +27,7 @@ deadline leaves no room for another try).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipeline.core.config import Destination
@@ -137,6 +138,38 @@ def conclude(
         )
     moved = delivery.attempted(entries, retry.tier, int(retry.not_before * 1000))
     return Conclusion(Outcome.RETRY, moved, requested=requested)
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Where a record waits while its destination cannot take it: in retry tier ``tier`` until
+    ``not_before``. ``first_attempt_at`` and ``deadline`` are its deadline's clock, started now
+    for a record never attempted (as an attempt refused by an open circuit started it). Epoch ms.
+    """
+
+    tier: int
+    not_before: int
+    first_attempt_at: int
+    deadline: int
+
+
+def park(
+    first_attempt_at: int | None,
+    deadline: int | None,
+    schedule: RetrySchedule,
+    now: float,
+    wait: float,
+) -> Park | None:
+    """Park a record for ``wait`` seconds (never past its last slot), in the tier with the
+    longest delay not over ``wait``; ``None`` when its final attempt is due: that one is made."""
+    first = first_attempt_at if first_attempt_at is not None else int(now * 1000)
+    if deadline is None:
+        deadline = int(schedule.deadline_at(first / 1000) * 1000)
+    last_slot = schedule.last_slot(first / 1000)
+    if now >= last_slot:
+        return None
+    not_before = int(min(now + wait, last_slot) * 1000)
+    return Park(schedule.tier_for_wait(wait), not_before, first, deadline)
 
 
 def attempt_entries(results: Sequence[UrlResult], started: float) -> tuple[Attempt, ...]:

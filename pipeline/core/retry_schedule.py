@@ -110,6 +110,11 @@ class RetrySchedule:
             delay = retry_after
         return Retry(next_tier, min(now + delay, last_slot))
 
+    def tier_for_wait(self, wait: float) -> int:
+        """The retry tier a record waiting ``wait`` seconds goes to: the one with the longest
+        delay not over it (see above)."""
+        return _tier_for(wait, self.tier_delays if self.tier_delays is not None else self.delays)
+
     def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:
         """No attempt starts after the deadline."""
         return first_attempt_at is None or now <= self.deadline_at(first_attempt_at)

@@ -59,6 +59,9 @@ class Settings:
     max_in_flight: int = 1000
     #: Connections a delivery worker opens to one host at most.
     max_connections_per_host: int = 100
+    #: Park records whose destination cannot take them (circuits open, ``max_in_flight``
+    #: taken) in a retry tier, undecoded, instead of attempting them (off: the old behaviour).
+    parking: bool = True
     #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
     metrics_max_destinations: int = 1000
     schema_registry_url: str | None = None
@@ -129,6 +132,7 @@ class Settings:
         seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
         flag("PIPELINE_TRANSACTIONS", "transactions")
         seconds("PIPELINE_COMMIT_INTERVAL", "commit_interval")
+        flag("PIPELINE_PARKING", "parking")
         flag("PIPELINE_LOG", "log")
         flag("PIPELINE_LOG_BODIES", "log_bodies")
         text("PIPELINE_LOG_STORE_URL", "log_store_url")

@@ -254,6 +254,20 @@ class WebhookSender:
             results.append(target.refusal())
         return results
 
+    def reopens_in(self, destination: Destination) -> float | None:
+        """Seconds until one of ``destination``'s webhooks may be tried again, when every one is
+        refused by an open circuit (its own or its host's); ``None`` when one may be tried now.
+        Takes no probe."""
+        soonest: float | None = None
+        for hook in destination.webhooks:
+            target = self._target(hook.url)
+            host = target.host
+            if host is None or not target.refuses():
+                return None
+            wait = max(target.breaker.retry_in(), host.breaker.retry_in())
+            soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
+
     def open_circuits(self, destination: Destination) -> int:
         """How many of ``destination``'s webhooks have an open or half-open circuit (their own or
         their host's): a metric."""

@@ -27,11 +27,14 @@ __all__ = [
     "PERMANENT_PRODUCE_CODES",
     "Refusal",
     "Outgoing",
+    "Headed",
     "Failed",
 ]
 
 #: (topic, key, value): one record to produce.
 Outgoing = tuple[str, bytes | None, bytes | None]
+#: (topic, key, value, headers): one record to produce with Kafka headers.
+Headed = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]]]
 
 #: Another producer took over this one's transactional id: it must stop, not be replaced (a new
 #: producer with the same id would fence the rightful owner in turn).
@@ -95,7 +98,7 @@ class Refusal(NamedTuple):
 class Failed(NamedTuple):
     """A record Kafka did not take, and why."""
 
-    record: Outgoing
+    record: Outgoing | Headed
     refusal: Refusal
 
     def __str__(self) -> str:

@@ -32,7 +32,7 @@ from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import make_producer, producer_config
-from pipeline.kafka.errors import Failed, Outgoing, Refusal
+from pipeline.kafka.errors import Failed, Headed, Outgoing, Refusal
 
 __all__ = ["Acks", "AsyncProducer", "AckedProducer", "Outgoing", "Failed", "FLUSH_TIMEOUT"]
 
@@ -52,7 +52,10 @@ class Acks:
 
     def __call__(self, error: KafkaError | None, message: Any) -> None:
         if error is not None:
-            record = (message.topic(), message.key(), message.value())
+            headers = message.headers()
+            record: Outgoing | Headed = (message.topic(), message.key(), message.value())
+            if headers:
+                record = (message.topic(), message.key(), message.value(), headers)
             self.failed.append(Failed(record, Refusal.of(error)))
         self.answered += 1
 
@@ -97,23 +100,28 @@ class AsyncProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def send_all(self, records: Sequence[Outgoing]) -> list[Failed]:
+    async def send_all(self, records: Sequence[Outgoing | Headed]) -> list[Failed]:
         """Produce every record; return the ones Kafka refused, once all answered."""
         if not records:
             return []
         acks = _BatchAcks(asyncio.get_running_loop(), len(records))
         produce = self._producer.produce
-        for topic, key, value in records:  # a plain loop: no coroutine per record
+        for record in records:  # a plain loop: no coroutine per record
             while True:
                 try:
-                    produce(topic, value, key, on_delivery=acks)
+                    if len(record) == 3:
+                        produce(record[0], record[2], record[1], on_delivery=acks)
+                    else:
+                        produce(
+                            record[0], record[2], record[1], headers=record[3], on_delivery=acks
+                        )
                     break
                 except BufferError:  # local queue full: wait for the poll thread to drain it
                     await asyncio.sleep(0.01)
         return await acks.future
 
     async def send_all_until_acked(
-        self, records: Sequence[Outgoing], stop: asyncio.Event | None = None
+        self, records: Sequence[Outgoing | Headed], stop: asyncio.Event | None = None
     ) -> None:
         """Produce every record, re-sending refused ones with backoff until Kafka has them all.
 

@@ -75,7 +75,7 @@ class PartitionTransactions:
             producer = self._ready_producer()
             try:
                 producer.begin_transaction()
-                for topic, key, value in records:
+                for topic, key, value, *_ in records:  # the router's records have no headers
                     self._produce(producer, topic, key, value)
                 offsets = [TopicPartition(self.topic, self.partition, next_offset)]
                 producer.send_offsets_to_transaction(offsets, group, self._timeout)

@@ -29,11 +29,11 @@ import logging
 import time
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.config import Destination
 from pipeline.core.dead_letters import dead_letter
-from pipeline.core.delivery_policy import Conclusion, Go, before_attempt, conclude
+from pipeline.core.delivery_policy import Conclusion, Go, Park, before_attempt, conclude, park
 from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.log_entries import conclusion_log_record
 from pipeline.core.outcomes import DeadLetterReason, Outcome, UrlResult
@@ -51,6 +51,7 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.errors import Headed
 from pipeline.kafka.log_batches import (
     LogBatcher,
     LogRecordValue,
@@ -68,7 +69,7 @@ log = logging.getLogger("pipeline.deliver")
 #: A ``LogRecord`` as the codec's dict (``pipeline.core.log_entries``).
 LogRecordDict = dict[str, Any]
 #: A record decided without a request: what to produce for it, and its log record.
-Decided = tuple[Taken, list[Outgoing], LogRecordValue | None]
+Decided = tuple[Taken, list[Outgoing | Headed], LogRecordValue | None]
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
@@ -105,6 +106,9 @@ class DeliveryHandler:
         self._schedule = schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         self._tasks: set[asyncio.Task[None]] = set()
         self._tiers = len(topics.retry)
+        #: Records being attempted, per destination (its ``max_in_flight``).
+        self._active: dict[str, int] = {}
+        self._parking = settings.parking
         self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
@@ -129,6 +133,15 @@ class DeliveryHandler:
                 key = taken.key
                 if key in deferred:
                     continue  # the loop sought back; these come again after the pause
+                parked = _parked(taken) if self._parking else None
+                if parked is not None:  # passed over, or parked again, without a decode
+                    not_before = parked.not_before / 1000
+                    if not_before - now > HOLD_SECONDS:
+                        loop.defer(taken, not_before - HOLD_SECONDS)
+                        deferred.add(key)
+                        continue
+                    if not_before <= now and self._park_again(taken, parked, now, decided):
+                        continue
                 try:
                     record = delivery_from_record(
                         self._codec.decode("Delivery", taken.message.value())
@@ -137,6 +150,8 @@ class DeliveryHandler:
                     letter = letter_of(DeadLetterReason.UNDECODABLE, taken, detail=str(exc))
                     decided.append((taken, [self._dlq(letter)], None))
                     continue
+                if parked is not None:  # the value is as it was first parked: the header rules
+                    record = parked.applied_to(record)
                 not_before = record.not_before / 1000
                 if not_before > now:
                     if not_before - now <= HOLD_SECONDS:
@@ -168,6 +183,8 @@ class DeliveryHandler:
         task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
         try:
             destination = self._follower.table.destinations.get(record.destination_id)
+            if self._parking and self._park(taken, record, destination, now, decided):
+                return
             before = before_attempt(
                 record,
                 destination,
@@ -176,6 +193,8 @@ class DeliveryHandler:
                 self._sender.refused_by_circuits,
             )
             if isinstance(before, Go):
+                active = self._active
+                active[record.destination_id] = active.get(record.destination_id, 0) + 1
                 self._spawn(self._process(taken, before, loop, now))
                 return
             out, logged = self._hand_off(taken, record, before, now)
@@ -183,7 +202,7 @@ class DeliveryHandler:
             raise
         except Exception as exc:  # a bug must neither lose the record nor stall it
             out, logged = self._internal_error(taken, record, exc), None
-        decided.append((taken, out, logged))
+        decided.append((taken, list(out), logged))
 
     async def _start_when_due(
         self, held: list[tuple[float, Taken, Delivery]], loop: ConsumerLoop
@@ -231,6 +250,78 @@ class DeliveryHandler:
             await asyncio.wait(self._tasks, timeout=5)
         if self._log is not None:
             await self._log.aclose()
+
+    # ---- parking -------------------------------------------------------------------------------
+
+    def _park_reason(self, destination: Destination | None) -> tuple[str, float] | None:
+        """Why (and for how many seconds) records for ``destination`` should wait rather than be
+        attempted now: every webhook's circuit open, or its ``max_in_flight`` taken."""
+        if destination is None or not destination.enabled:
+            return None  # dead-lettered, which needs the record
+        limit = destination.max_in_flight
+        if limit is not None and self._active.get(destination.id, 0) >= limit:
+            return ("in_flight", IN_FLIGHT_WAIT)
+        reopens_in = self._sender.reopens_in(destination)
+        if reopens_in is not None:
+            return ("circuit_open", max(MIN_PARK_WAIT, reopens_in))
+        return None
+
+    def _park(
+        self,
+        taken: Taken,
+        record: Delivery,
+        destination: Destination | None,
+        now: float,
+        decided: list[Decided],
+    ) -> bool:
+        """Park a decoded record if its destination cannot take it now (not its final attempt)."""
+        why = self._park_reason(destination)
+        if why is None:
+            return False
+        assert destination is not None
+        plan = park(
+            record.first_attempt_at,
+            record.deadline,
+            self._schedule_of(destination),
+            now,
+            why[1],
+        )
+        if plan is None:
+            return False
+        decided.append((taken, [self._parked_record(taken, plan, destination.id, why[0])], None))
+        return True
+
+    def _park_again(
+        self, taken: Taken, parked: _ParkHeader, now: float, decided: list[Decided]
+    ) -> bool:
+        """A parked record now due: parked again, still undecoded, if its destination still
+        cannot take it."""
+        destination = self._follower.table.destinations.get(parked.destination)
+        why = self._park_reason(destination)
+        if why is None:
+            return False
+        plan = park(
+            parked.first_attempt_at, parked.deadline, self._schedule_of(destination), now, why[1]
+        )
+        if plan is None:
+            return False
+        decided.append(
+            (taken, [self._parked_record(taken, plan, parked.destination, why[0])], None)
+        )
+        return True
+
+    def _parked_record(self, taken: Taken, plan: Park, destination: str, reason: str) -> Headed:
+        """The same key and value in the plan's tier, the plan in a header: no re-encode."""
+        self._metrics_of(destination).parked[reason].inc()
+        header = _ParkHeader(
+            plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination
+        )
+        return (
+            self._topics.retry[plan.tier],
+            taken.message.key(),
+            taken.message.value(),
+            [(PARK_HEADER, header.encoded())],
+        )
 
     def _schedule_of(self, destination: Destination | None) -> RetrySchedule:
         """The destination's retry schedule: its own ``retry`` policy over the global one."""
@@ -289,6 +380,12 @@ class DeliveryHandler:
 
     async def _process(self, taken: Taken, go: Go, loop: ConsumerLoop, now: float) -> None:
         """Steps 3 to 5 for a record ``before_attempt`` (at ``now``) cleared for a request."""
+        try:
+            await self._attempt(taken, go, loop, now)
+        finally:
+            self._active[go.delivery.destination_id] -= 1
+
+    async def _attempt(self, taken: Taken, go: Go, loop: ConsumerLoop, now: float) -> None:
         record = go.delivery
         try:
             results = await self._sender.attempt(
@@ -367,17 +464,69 @@ class DeliveryHandler:
         )
 
 
+#: The Kafka header of a parked record: where and until when it waits, and its deadline's clock.
+PARK_HEADER = "pipeline-park"
+#: A destination at its ``max_in_flight``: its next records wait this long in the first tier.
+IN_FLIGHT_WAIT = 1.0
+#: Parked records wait at least this long (a circuit about to half-open).
+MIN_PARK_WAIT = 1.0
+
+
+class _ParkHeader(NamedTuple):
+    """``PARK_HEADER``'s value: ``tier not_before first_attempt_at deadline destination``."""
+
+    tier: int
+    not_before: int
+    first_attempt_at: int
+    deadline: int
+    destination: str
+
+    def encoded(self) -> bytes:
+        return (
+            f"{self.tier} {self.not_before} {self.first_attempt_at} {self.deadline} ".encode()
+            + (self.destination.encode())
+        )
+
+    def applied_to(self, record: Delivery) -> Delivery:
+        """The record as parking left it (its value is as it was when first parked)."""
+        return record._replace(
+            tier=self.tier,
+            not_before=self.not_before,
+            first_attempt_at=record.first_attempt_at or self.first_attempt_at,
+            deadline=record.deadline or self.deadline,
+        )
+
+
+def _parked(taken: Taken) -> _ParkHeader | None:
+    """The park header of a record, if it has one (a record of ours without headers: ``None``)."""
+    headers = taken.message.headers()  # a list of (name, bytes) on consumed records
+    if not headers:
+        return None
+    for header in headers:
+        name, value = header[0], header[1]
+        if name == PARK_HEADER and isinstance(value, bytes):
+            try:
+                tier, not_before, first, deadline, destination = value.split(b" ", 4)
+                return _ParkHeader(
+                    int(tier), int(not_before), int(first), int(deadline), destination.decode()
+                )
+            except ValueError:
+                return None  # not ours: the value decides
+    return None
+
+
 class _DestinationMetrics:
     """One destination's metric series (``destination`` label: its id, or ``other`` past
     ``PIPELINE_METRICS_MAX_DESTINATIONS``), looked up once."""
 
-    __slots__ = ("outcomes", "attempt_seconds", "retries", "_circuits", "_open")
+    __slots__ = ("outcomes", "attempt_seconds", "retries", "parked", "_circuits", "_open")
 
     def __init__(self, destination: str, tiers: int) -> None:
         label = metrics.destination_label(destination)
         self.outcomes = {o: metrics.DELIVERIES.labels(label, o.value) for o in Outcome}
         self.attempt_seconds = metrics.DELIVERY_ATTEMPT_SECONDS.labels(label)
         self.retries = [metrics.RETRIES.labels(label, str(t)) for t in range(tiers)]
+        self.parked = {r: metrics.PARKED.labels(label, r) for r in ("circuit_open", "in_flight")}
         self._circuits = metrics.CIRCUITS_OPEN.labels(label)
         self._open = -1
 

@@ -26,6 +26,7 @@ __all__ = [
     "RETRIES",
     "DEAD_LETTERS",
     "CIRCUITS_OPEN",
+    "PARKED",
     "UNKNOWN_DESTINATION",
     "OTHER_DESTINATIONS",
     "DestinationLabels",
@@ -84,6 +85,13 @@ RETRIES = Counter(
 DEAD_LETTERS = Counter(
     "pipeline_dead_letters",
     "Records sent to the dead-letter topic, by destination (`unknown`: not decodable) and reason.",
+    ["destination", "reason"],
+)
+PARKED = Counter(
+    "pipeline_parked",
+    "Records set aside for a later tier without an attempt, decode or re-encode, by destination "
+    "and reason (circuit_open: every webhook's circuit is open; in_flight: the destination has "
+    "its max_in_flight).",
     ["destination", "reason"],
 )
 CIRCUITS_OPEN = Gauge(

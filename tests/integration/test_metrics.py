@@ -292,14 +292,15 @@ def test_worker_metrics_show_the_exact_counts_of_a_scripted_run(
     assert all(topic.startswith(settings.topic_prefix) for topic in lag_topics), lag_topics
 
 
-def test_an_open_circuit_counts_retries_but_no_attempts(
+def test_an_open_circuit_parks_records_without_attempts_or_retries(
     settings, receiver_factory, process_factory
 ):
-    """Records refused by an open circuit go to the next tier without a request: they count as
-    retries, and ``pipeline_delivery_attempt_seconds`` (one sample per real attempt) skips them."""
-    # Two failures open the circuit for a minute; the tier-0 retries (1 s) all meet it open and
-    # go on to tier 1 (10 minutes, well before the deadline, so not a final attempt): after that
-    # nothing more happens during the test.
+    """Records for a destination whose circuits are all open are parked (set aside in a retry
+    tier, undecoded, as they are): counted as parked, not as retries, and
+    ``pipeline_delivery_attempt_seconds`` (one sample per real attempt) skips them."""
+    # Two failures open the circuit for a minute. The first attempts that meet it open, and the
+    # tier-0 retries (1 s) of those that failed, are parked until it half-opens (a minute:
+    # longer than the test).
     settings = settings.replace(
         circuit_failures=2,
         circuit_cool_down=60.0,
@@ -316,17 +317,20 @@ def test_an_open_circuit_counts_retries_but_no_attempts(
     ]
     send_calls(settings, calls, "wk")
 
-    samples = wait_until_settled(
-        port, {("pipeline_retries_total", (("tier", "1"),)): 6}, timeout=30
-    )
+    parked = ("pipeline_parked_total", (("reason", "circuit_open"),))
+    samples = wait_until_settled(port, {parked: 6}, timeout=30)
     requests = receiver.count()
     assert 2 <= requests <= 6  # first attempts only, until the circuit opened
-    assert samples[("pipeline_deliveries_total", (("outcome", "retry"),))] == 12
+    assert samples[("pipeline_deliveries_total", (("outcome", "retry"),))] == requests
+    assert samples[("pipeline_retries_total", (("tier", "0"),))] == requests
     assert samples[("pipeline_delivery_attempt_seconds_count", ())] == requests
     assert stays(lambda: receiver.count() == requests, 0.5)
     # The destination's one webhook has its circuit open, as the gauge says.
     per = scrape(port, by_destination=True)
     assert per[("pipeline_circuits_open", (("destination", "hooks"),))] == 1
+    assert (
+        per[("pipeline_parked_total", (("destination", "hooks"), ("reason", "circuit_open")))] == 6
+    )
 
 
 # ---- one process per role, added up by a real Prometheus ---------------------------------------

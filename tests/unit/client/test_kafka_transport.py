@@ -50,6 +50,9 @@ class Message:
     def value(self) -> bytes | None:
         return self._record[2]
 
+    def headers(self) -> None:
+        return None  # as confluent-kafka's Message of a record produced without headers
+
 
 class FakeProducer:
     """confluent-kafka's ``Producer`` as ``AckedProducer`` uses it; refuses by record number."""

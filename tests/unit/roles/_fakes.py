@@ -18,10 +18,19 @@ from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 
 class FakeMessage:
     def __init__(
-        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
     ):
         self._where = (topic, partition, offset)
-        self._key, self._value = key, value
+        self._key, self._value, self._headers = key, value, headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
 
     def topic(self) -> str:
         return self._where[0]
@@ -46,10 +55,10 @@ def taken(
     key: bytes | None = b"k",
     partition: int = 0,
     offset: int = 0,
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> Taken:
-    return Taken(
-        FakeMessage(topic, partition, offset, key, value), (topic, partition), offset, _Partition()
-    )  # type: ignore[arg-type]
+    message = FakeMessage(topic, partition, offset, key, value, headers)
+    return Taken(message, (topic, partition), offset, _Partition())  # type: ignore[arg-type]
 
 
 @dataclass
@@ -100,6 +109,9 @@ class FakeSender:
     ) -> list[UrlResult]:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
+
+    def reopens_in(self, destination: Destination) -> float | None:
+        return 30.0 if self.circuits(destination) else None
 
     def open_circuits(self, destination: Destination) -> int:
         return 1 if self.circuits(destination) else 0

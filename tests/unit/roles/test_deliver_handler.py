@@ -17,7 +17,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
-from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
+from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, DeliveryHandler
 from tests.unit.roles._fakes import (
     FakeFollower,
     FakeLoop,
@@ -89,7 +89,7 @@ def run(
 def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, dict[str, Any]]]:
     """What was produced besides the delivery log."""
     out = []
-    for topic, key, value in producer.sent:
+    for topic, key, value, *_ in producer.sent:
         if topic != TOPICS.log:
             name = "DeadLetter" if topic == TOPICS.dlq else "Delivery"
             out.append((topic, key, CODEC.decode(name, value)))
@@ -99,7 +99,7 @@ def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, dict[str, Any]
 def logged(producer: FakeProducer) -> list[tuple[str, ...]]:
     """The delivery log's entries produced, as (kind, destination, and what matters of it)."""
     entries: list[tuple[str, ...]] = []
-    for topic, key, value in producer.sent:
+    for topic, key, value, *_ in producer.sent:
         if topic != TOPICS.log:
             continue
         (record,) = decode_log_records(CODEC, value)
@@ -221,11 +221,15 @@ def test_past_the_deadline_is_dead_lettered_without_a_request() -> None:
     assert letter["reason"] == "deadline_exceeded" and sender.attempts == []
 
 
+CIRCUITS_OPEN = FakeSender(
+    lambda d: [OK], circuits=lambda d: [UrlResult(URL, failure=Failure.CIRCUIT_OPEN)]
+)
+
+
 def test_every_circuit_open_goes_to_the_next_tier_without_a_request() -> None:
-    sender = FakeSender(
-        lambda d: [OK], circuits=lambda d: [UrlResult(URL, failure=Failure.CIRCUIT_OPEN)]
-    )
-    _, loop, producer, batch = run([encoded(delivery())], sender)
+    """Without parking (``PIPELINE_PARKING=off``): decided, re-encoded with the refusal."""
+    sender = CIRCUITS_OPEN
+    _, loop, producer, batch = run([encoded(delivery())], sender, settings=Settings(parking=False))
     [(topic, _, record)] = sent(producer)
     assert topic == TOPICS.retry[0] and record["attempts"][0]["error"] == "circuit_open"
     assert sender.attempts == [] and loop.finished == batch
@@ -288,3 +292,154 @@ def test_the_log_of_attempts_ending_in_one_turn_is_one_kafka_record() -> None:
     records = decode_log_records(CODEC, logs[0])
     assert sorted(r["messageId"] for r in records) == [f"m{i}" for i in range(5)]
     assert sorted(t.offset for t in loop.finished) == [t.offset for t in batch]
+
+
+# ---- parking -----------------------------------------------------------------------------------
+
+
+def park_header(taken_record: Any) -> tuple[str, ...] | None:
+    topic, key, value, *headers = taken_record
+    if not headers:
+        return None
+    ((name, header),) = headers[0]
+    assert name == PARK_HEADER
+    return tuple(header.decode().split(" "))
+
+
+def test_every_circuit_open_parks_the_record_as_it_is() -> None:
+    value = encoded(delivery())
+    sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
+    before = time.time()
+    _, loop, producer, batch = run([value], sender)
+    [parked] = producer.sent
+    assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[0], b"hooks/u1", value)  # as is
+    tier, not_before, first, deadline, destination = park_header(parked) or ()
+    assert (tier, destination) == ("0", "hooks")  # 30 s until the circuit half-opens: tier 0
+    assert before + 29 <= int(not_before) / 1000 <= time.time() + 30
+    assert int(deadline) - int(first) == 1000 * 1000  # its deadline's clock started
+    assert sender.attempts == [] and loop.finished == batch
+    assert logged(producer) == []  # not an attempt
+
+
+def parked_taken(value: bytes | None, not_before: float, **changes: Any) -> Any:
+    fields = {"tier": 1, "first": int(time.time() * 1000) - 5000, "destination": "hooks"}
+    fields.update(changes)
+    header = f"{fields['tier']} {int(not_before * 1000)} {fields['first']} "
+    header += f"{fields['first'] + 1_000_000} {fields['destination']}"
+    return [(PARK_HEADER, header.encode())], value
+
+
+def run_parked(
+    value: bytes | None, not_before: float, sender: FakeSender, **changes: Any
+) -> tuple[FakeLoop, FakeProducer, Any]:
+    headers, value = parked_taken(value, not_before, **changes)
+    loop, producer = FakeLoop(), FakeProducer()
+    batch = [taken(TOPICS.retry[1], value, key=b"hooks/u1", offset=3, headers=headers)]
+
+    async def go() -> None:
+        handler = DeliveryHandler(
+            "retry",
+            [TOPICS.retry[1]],
+            settings=Settings(),
+            topics=TOPICS,
+            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
+            producer=producer,  # type: ignore[arg-type]
+            sender=sender,  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=CODEC,
+            schedule=SCHEDULE,
+        )
+        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        while handler._tasks:
+            await handler.aclose()
+
+    asyncio.run(go())
+    return loop, producer, batch
+
+
+def test_a_parked_record_still_refused_is_parked_again_without_a_decode() -> None:
+    # The value is not even a record: parked again untouched, it was never decoded.
+    loop, producer, batch = run_parked(b"not decoded", time.time() - 1, CIRCUITS_OPEN)
+    [again] = producer.sent
+    assert again[2] == b"not decoded" and park_header(again) is not None
+    assert loop.finished == batch
+
+
+def test_a_parked_record_not_due_is_deferred_without_a_decode() -> None:
+    loop, producer, _ = run_parked(b"not decoded", time.time() + 20, CIRCUITS_OPEN)
+    assert producer.sent == [] and len(loop.deferred) == 1
+
+
+def test_a_parked_record_whose_circuit_closed_is_attempted_as_parked() -> None:
+    sender = FakeSender(lambda d: [E503])
+    value = encoded(delivery())  # as first parked: never attempted, tier -1
+    loop, producer, batch = run_parked(value, time.time() - 1, sender, tier=1)
+    assert len(sender.attempts) == 1 and loop.finished == batch
+    [(topic, _, record)] = sent(producer)
+    # The header's tier and deadline clock held: its next tier follows tier 1.
+    assert topic == TOPICS.retry[1] and record["tier"] == 1
+    assert record["firstAttemptAt"] is not None and record["deadline"] is not None
+
+
+def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
+    table = ConfigTable.build(
+        [Source(id="web", write_keys=["wk"])],
+        [
+            Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], max_in_flight=1),  # type: ignore[list-item]
+        ],
+    )
+    started = asyncio.Event()
+
+    async def slow(d: Destination) -> list[UrlResult]:
+        started.set()
+        await asyncio.sleep(0.05)
+        return [OK]
+
+    class SlowSender(FakeSender):
+        async def attempt(
+            self,
+            destination: Destination,
+            body: bytes,
+            message_id: str = "",
+            *,
+            final: bool = False,
+        ) -> list[UrlResult]:  # type: ignore[override]
+            self.attempts.append((destination.id, body, message_id, final, time.time()))
+            return await slow(destination)
+
+    sender = SlowSender(lambda d: [OK])
+    loop, producer = FakeLoop(), FakeProducer()
+    values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
+    batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
+
+    async def go() -> None:
+        handler = DeliveryHandler(
+            "deliver",
+            [TOPICS.deliveries],
+            settings=Settings(),
+            topics=TOPICS,
+            follower=FakeFollower(table),  # type: ignore[arg-type]
+            producer=producer,  # type: ignore[arg-type]
+            sender=sender,  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=CODEC,
+            schedule=SCHEDULE,
+        )
+        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        while handler._tasks:
+            await handler.aclose()
+
+    asyncio.run(go())
+    assert [m for _, _, m, _, _ in sender.attempts] == ["m0"]
+    parked = [record for record in producer.sent if record[0] != TOPICS.log]
+    assert [park_header(record)[0] for record in parked] == ["0", "0"]  # type: ignore[index]
+    assert sorted(t.offset for t in loop.finished) == [0, 1, 2]
+
+
+def test_the_final_attempt_is_not_parked() -> None:
+    now = int(time.time() * 1000)
+    record = delivery(first_attempt_at=now - 999_500, deadline=now + 500, tier=1)
+    sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
+    _, loop, producer, batch = run([encoded(record)], sender)
+    assert len(sender.attempts) == 1 and sender.attempts[0][3] is True  # final, through circuits
+    assert [r for r in producer.sent if r[0] != TOPICS.log] == [] and loop.finished == batch
