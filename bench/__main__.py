@@ -41,6 +41,9 @@ Sections (the issue's numbering):
     rate asks of it (two log records per delivered call). The store's own figures (ingest into
     an empty and a 10-million-entry store, trace/log/stats at 10 million entries, disk per million
     attempts) are ``python -m bench.log_store`` (its first run builds and caches the big store).
+11. 50 destinations per call, 10 answering 500 and 1 hanging (each destination on its own path of
+    one of three hosts): the 39 healthy ones' deliveries/s against 50 healthy ones (same run,
+    alternated).
 """
 
 from __future__ import annotations
@@ -330,23 +333,85 @@ def section_hang(bench: Bench) -> None:
             fmt(median(beside_hang)),
             f"alone, same worker: {fmt(median(solo))}",
             fmt(median(alone)),
-            "≥ 0.9 (as written)",
-            median(alone) >= 0.9,
+            "≥ 0.95 (as written)",
+            median(alone) >= 0.95,
             [f"{h:,.0f}/{s:,.0f}" for h, s in zip(beside_hang, solo, strict=True)],
         ),
         Row(
             "3",
             "… first run, hanging endpoint not yet known (5 s timeouts until its circuit opens)",
             fmt(onset),
-            f"beside a healthy one: {fmt(median(beside_healthy))}",
-            fmt(onset / median(beside_healthy)),
-            "",
-            None,
+            f"alone: {fmt(median(solo))}",
+            fmt(onset / median(solo)),
+            "≥ 0.9",
+            onset / median(solo) >= 0.9,
         ),
     ]
     bench.notes.append(
-        f"(3): the hanging receiver got {hung:,} requests in all; the rest of its records went to "
-        "the retry tiers as `circuit_open` without a request."
+        f"(3): the hanging receiver got {hung:,} requests in all; the rest of its records were "
+        "parked in the retry tiers (undecoded) without a request."
+    )
+
+
+# ---- 11: many destinations, some failing --------------------------------------------------------
+
+
+def section_many(bench: Bench) -> None:
+    """50 destinations per call: 39 healthy, 10 answering 500, 1 hanging, each on its own path
+    (two hosts: the healthy one, and the failing one); against 50 healthy ones."""
+    calls = bench.n(2000)
+    healthy, failing, hanging = Receiver(), Receiver("fail"), Receiver("hang")
+    deployment = Deployment(bench.bootstrap, "many")
+    good = [(f"ok-{n}", [healthy.url(f"/ok/{n}")]) for n in range(39)]
+    bad = [(f"fail-{n}", [failing.url(f"/fail/{n}")]) for n in range(10)]
+    all_good = [(f"all-ok-{n}", [healthy.url(f"/all/{n}")]) for n in range(50)]
+    deployment.apply(
+        {
+            "warm": [("warm", [healthy.url()])],
+            "mixed": [*good, *bad, ("hang", [hanging.url("/hang")])],
+            "healthy": all_good,
+        }
+    )
+    worker = Worker("worker", deployment.env(), "many-worker")
+    try:
+        warm_up(healthy, deployment, "warm")
+        mixed, fine = [], []
+        for run in range(bench.runs):
+            order = ("mixed", "healthy") if run % 2 == 0 else ("healthy", "mixed")
+            for source in order:
+                per_call = 39 if source == "mixed" else 50
+                records = list(deployment.call_records(source, calls))
+                healthy.reset()
+                produce_all(deployment.settings, deployment.topics.calls, records)
+                figure = rate(wait_answered(healthy, calls * per_call, timeout=300, stall=30))
+                (mixed if source == "mixed" else fine).append(figure)
+            log(
+                f"11 run {run + 1}: 39 healthy beside 11 failing {mixed[-1]:,.0f} deliveries/s, "
+                f"50 healthy {fine[-1]:,.0f}/s"
+            )
+        failed, hung = failing.stats()["requests"], hanging.stats()["requests"]
+    finally:
+        worker.stop()
+        healthy.stop()
+        failing.stop()
+        hanging.stop()
+    ratios = [m / f for m, f in zip(mixed, fine, strict=True)]
+    bench.rows.append(
+        Row(
+            "11",
+            f"50 destinations, 10 answering 500 and 1 hanging, {calls:,} calls: the 39 healthy "
+            "ones' deliveries/s",
+            fmt(median(mixed)),
+            f"50 healthy ones: {fmt(median(fine))}",
+            fmt(median(ratios)),
+            "≥ 0.9",
+            median(ratios) >= 0.9,
+            [f"{m:,.0f}/{f:,.0f}" for m, f in zip(mixed, fine, strict=True)],
+        )
+    )
+    bench.notes.append(
+        f"(11): the failing receiver got {failed:,} requests and the hanging one {hung:,}; the "
+        "rest of their records were parked."
     )
 
 
@@ -800,6 +865,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "7": section_rss,
     "9": section_router,
     "10": section_log,
+    "11": section_many,
 }
 
 

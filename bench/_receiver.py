@@ -107,7 +107,7 @@ class Responder(asyncio.Protocol):
         mode = self.args.mode
         if mode == "hang":
             return
-        answer = _OK
+        answer = _FAIL if mode == "fail" else _OK
         if mode == "fail-first" or self.args.log:
             at = body.find(_MESSAGE_ID)
             message_id = ""
@@ -154,7 +154,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--mode", choices=("ok", "hang", "fail-first"), default="ok")
+    parser.add_argument("--mode", choices=("ok", "hang", "fail", "fail-first"), default="ok")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before answering")
     parser.add_argument("--log", action="store_true", help="keep every POST's arrival time")
     args = parser.parse_args()

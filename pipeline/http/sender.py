@@ -110,7 +110,16 @@ class _Target:
     The address policy is fixed for the sender's life, so an IP-literal host's verdict is too.
     """
 
-    __slots__ = ("url", "host", "breaker", "failure", "detail", "_refusals")
+    __slots__ = (
+        "url",
+        "host",
+        "breaker",
+        "failure",
+        "detail",
+        "_refusals",
+        "in_flight",
+        "quiet_since",
+    )
 
     def __init__(
         self,
@@ -126,6 +135,13 @@ class _Target:
         self.failure = failure
         self.detail = detail
         self._refusals: dict[bool, UrlResult] = {}
+        #: Requests to this URL now, and since when none of them has come back (monotonic).
+        self.in_flight = 0
+        self.quiet_since = 0.0
+
+    def silent(self, now: float, after: float) -> bool:
+        """Requests are out, and none has come back for ``after`` seconds: it hangs, likely."""
+        return self.in_flight > 0 and now - self.quiet_since > after
 
     def refuses(self) -> bool:
         """Is the endpoint's or its host's circuit open? (Asked without taking a probe.)"""
@@ -268,6 +284,18 @@ class WebhookSender:
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
+    def silent(self, destination: Destination) -> bool:
+        """Is every webhook of ``destination`` saturated and silent: requests out and none back
+        for half the delivery timeout? Its next records should not take in-flight slots to wait
+        behind them (the first seconds of a hang, before its circuit can open)."""
+        now = time.monotonic()
+        after = self._settings.delivery_timeout / 2
+        for hook in destination.webhooks:
+            target = self._targets.get(hook.url)
+            if target is None or not target.silent(now, after):
+                return False
+        return True
+
     def open_circuits(self, destination: Destination) -> int:
         """How many of ``destination``'s webhooks have an open or half-open circuit (their own or
         their host's): a metric."""
@@ -324,7 +352,14 @@ class WebhookSender:
                     return target.refusal()
                 target.breaker.allow()  # takes the half-open probe, if it is one
                 host.breaker.allow()
-            result = await self.post(url, headers, body)
+            if not target.in_flight:
+                target.quiet_since = time.monotonic()
+            target.in_flight += 1
+            try:
+                result = await self.post(url, headers, body)
+            finally:
+                target.in_flight -= 1
+                target.quiet_since = time.monotonic()  # it answered (or gave up on) one
         failure = result.failure
         if failure is None:
             target.breaker.record(ok=True)

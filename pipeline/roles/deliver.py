@@ -264,6 +264,8 @@ class DeliveryHandler:
         reopens_in = self._sender.reopens_in(destination)
         if reopens_in is not None:
             return ("circuit_open", max(MIN_PARK_WAIT, reopens_in))
+        if self._sender.silent(destination):
+            return ("silent", SILENT_WAIT)
         return None
 
     def _park(
@@ -470,6 +472,9 @@ PARK_HEADER = "pipeline-park"
 IN_FLIGHT_WAIT = 1.0
 #: Parked records wait at least this long (a circuit about to half-open).
 MIN_PARK_WAIT = 1.0
+#: A destination whose webhooks are saturated and silent (``WebhookSender.silent``): its next
+#: records wait this long.
+SILENT_WAIT = 1.0
 
 
 class _ParkHeader(NamedTuple):
@@ -526,7 +531,9 @@ class _DestinationMetrics:
         self.outcomes = {o: metrics.DELIVERIES.labels(label, o.value) for o in Outcome}
         self.attempt_seconds = metrics.DELIVERY_ATTEMPT_SECONDS.labels(label)
         self.retries = [metrics.RETRIES.labels(label, str(t)) for t in range(tiers)]
-        self.parked = {r: metrics.PARKED.labels(label, r) for r in ("circuit_open", "in_flight")}
+        self.parked = {
+            r: metrics.PARKED.labels(label, r) for r in ("circuit_open", "in_flight", "silent")
+        }
         self._circuits = metrics.CIRCUITS_OPEN.labels(label)
         self._open = -1
 

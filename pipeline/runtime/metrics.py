@@ -91,7 +91,8 @@ PARKED = Counter(
     "pipeline_parked",
     "Records set aside for a later tier without an attempt, decode or re-encode, by destination "
     "and reason (circuit_open: every webhook's circuit is open; in_flight: the destination has "
-    "its max_in_flight).",
+    "its max_in_flight; silent: its webhooks have requests out and none came back for half the "
+    "delivery timeout).",
     ["destination", "reason"],
 )
 CIRCUITS_OPEN = Gauge(

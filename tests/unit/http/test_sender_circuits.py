@@ -90,11 +90,15 @@ def test_asking_does_not_take_the_half_open_probe() -> None:
 # ---- real requests ----------------------------------------------------------------------------
 
 
-def with_receiver(test: Callable[[WebhookSender, str], Awaitable[None]]) -> None:
+def with_receiver(
+    test: Callable[[WebhookSender, str], Awaitable[None]], settings: Settings = SETTINGS
+) -> None:
     """Run ``test`` with a started sender and a server on 127.0.0.1 (its base URL) where
     ``/fail`` answers 500 and any other path 200."""
 
     async def handle(request: web.Request) -> web.Response:
+        if request.path == "/hang":
+            await asyncio.sleep(2)  # past the test's 1 s timeout
         return web.Response(status=500 if request.path == "/fail" else 200)
 
     async def go() -> None:
@@ -105,7 +109,7 @@ def with_receiver(test: Callable[[WebhookSender, str], Awaitable[None]]) -> None
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        sender = await WebhookSender(SETTINGS).start()
+        sender = await WebhookSender(settings).start()
         try:
             await test(sender, f"http://127.0.0.1:{port}")
         finally:
@@ -179,3 +183,21 @@ def test_the_final_attempt_goes_through_open_circuits() -> None:
         assert final[0].failure is Failure.CONNECTION_ERROR  # a request was made
 
     with_receiver(test)
+
+
+def test_an_endpoint_with_requests_out_and_no_answer_for_half_the_timeout_is_silent() -> None:
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        hanging, healthy = destination(f"{receiver}/hang"), destination(f"{receiver}/ok")
+        assert not sender.silent(hanging)  # never tried
+        requests = [asyncio.create_task(sender.attempt(hanging, b"{}", f"m{n}")) for n in range(3)]
+        await asyncio.sleep(0.2)
+        assert not sender.silent(hanging)  # out for less than half the timeout (1 s)
+        await asyncio.sleep(0.5)
+        assert sender.silent(hanging)
+        assert (await sender.attempt(healthy, b"{}", "h1"))[0].status == 200
+        assert not sender.silent(healthy)  # its neighbour on the host answers
+        results = await asyncio.gather(*requests)
+        assert all(r[0].failure is Failure.TIMEOUT for r in results)
+        assert not sender.silent(hanging)  # nothing out any more
+
+    with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))

@@ -110,6 +110,9 @@ class FakeSender:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
 
+    def silent(self, destination: Destination) -> bool:
+        return False
+
     def reopens_in(self, destination: Destination) -> float | None:
         return 30.0 if self.circuits(destination) else None
 
