@@ -37,3 +37,18 @@ class TokenBucket:
         self._updated = now
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    def waiting(self) -> float:
+        """How long a ``reserve()`` now would have to wait, without taking a token."""
+        tokens = min(self.burst, self._tokens + (self._clock() - self._updated) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
+    def adjust(self, rate: float) -> None:
+        """A new rate (a process's share changed), keeping the tokens taken: a new bucket would
+        start with a full burst, and every rebalance would let one through."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        self.rate = rate
+        self.burst = max(1.0, rate)
+        self._tokens = min(self._tokens, self.burst)

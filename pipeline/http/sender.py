@@ -21,7 +21,8 @@ Guards, per host (scheme, host, port) or per endpoint (webhook URL):
   path, and a host that is down would otherwise cost a run of failures per URL on it. Any answer
   from the host (even a 500) closes the host's circuit. A record's final attempt (the last slot
   before its deadline) is made all the same: no record is dead-lettered without a last request.
-- **Rate limit** per destination, when configured.
+- **Rate limit** per destination, when configured: the group's, of which each process sends the
+  share of the partitions it holds (``set_share``).
 
 aiohttp and not httpx on this path: with 64 requests in flight httpx 0.28 falls to about 130
 requests/s on this machine while aiohttp sends 11,000-15,000 (docs/decisions.md).
@@ -166,6 +167,8 @@ class _Target:
         return refusal
 
 
+#: The least share of a rate limit a process sends at (one that holds no partition yet).
+MIN_SHARE = 0.01
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
 _MAX_TARGETS = 10_000
 
@@ -179,6 +182,8 @@ class WebhookSender:
         self._hosts: dict[str, _Host] = {}
         self._targets: dict[str, _Target] = {}
         self._buckets: dict[str, TokenBucket] = {}
+        self._shares: dict[str, float] = {}
+        self._share = 1.0
 
     async def start(self) -> WebhookSender:
         connector = aiohttp.TCPConnector(
@@ -234,10 +239,7 @@ class WebhookSender:
         ``final``: the record's last attempt before its deadline; an open circuit does not stop it.
         """
         if destination.rate_limit is not None:
-            bucket = self._buckets.get(destination.id)
-            if bucket is None or bucket.rate != destination.rate_limit:
-                bucket = self._buckets[destination.id] = TokenBucket(rate=destination.rate_limit)
-            wait = bucket.reserve()
+            wait = self._bucket(destination, destination.rate_limit).reserve()
             if wait > 0:
                 await asyncio.sleep(wait)
         signed = self._signed_headers(destination, body, message_id)
@@ -253,6 +255,28 @@ class WebhookSender:
                 )
             )
         )
+
+    def set_share(self, role: str, share: float) -> None:
+        """This process's share of the group's work for ``role`` (the partitions it holds, out
+        of all): a destination's ``rate_limit`` is the group's, and each process sends its share
+        of it (the larger of its roles')."""
+        self._shares[role] = share
+        self._share = max(self._shares.values())
+
+    def _bucket(self, destination: Destination, limit: float) -> TokenBucket:
+        rate = limit * max(self._share, MIN_SHARE)
+        bucket = self._buckets.get(destination.id)
+        if bucket is None:
+            bucket = self._buckets[destination.id] = TokenBucket(rate=rate)
+        elif bucket.rate != rate:
+            bucket.adjust(rate)
+        return bucket
+
+    def rate_wait(self, destination: Destination) -> float:
+        """How long the next request to ``destination`` would wait for its rate limit (0: none)."""
+        if destination.rate_limit is None:
+            return 0.0
+        return self._bucket(destination, destination.rate_limit).waiting()
 
     def refused_by_circuits(self, destination: Destination) -> list[UrlResult] | None:
         """The results of an attempt at ``destination`` when every webhook's circuit is open:

@@ -109,6 +109,9 @@ class DeliveryHandler:
         #: Records being attempted, per destination (its ``max_in_flight``).
         self._active: dict[str, int] = {}
         self._parking = settings.parking
+        self._owned: set[tuple[str, int]] = set()
+        main = {topics.deliveries: settings.partitions}
+        self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
         self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
@@ -235,10 +238,17 @@ class DeliveryHandler:
         self._stop.set()
 
     def assigned(self, keys: Sequence[tuple[str, int]]) -> None:
-        return None
+        self._owned.update(keys)
+        self._share_changed()
 
     def released(self, keys: Sequence[tuple[str, int]]) -> None:
-        return None  # what is in flight finishes; the loop ignores records of released partitions
+        # What is in flight finishes; the loop ignores records of released partitions.
+        self._owned.difference_update(keys)
+        self._share_changed()
+
+    def _share_changed(self) -> None:
+        """Rate limits are the group's: this process sends its partitions' share of them."""
+        self._sender.set_share(self.role, len(self._owned) / self._partitions)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -266,6 +276,9 @@ class DeliveryHandler:
             return ("circuit_open", max(MIN_PARK_WAIT, reopens_in))
         if self._sender.silent(destination):
             return ("silent", SILENT_WAIT)
+        rate_wait = self._sender.rate_wait(destination)
+        if rate_wait > RATE_WAIT_IN_FLIGHT:
+            return ("rate_limited", rate_wait)
         return None
 
     def _park(
@@ -472,6 +485,9 @@ PARK_HEADER = "pipeline-park"
 IN_FLIGHT_WAIT = 1.0
 #: Parked records wait at least this long (a circuit about to half-open).
 MIN_PARK_WAIT = 1.0
+#: A destination over its rate limit: a record that would wait longer than this for its turn is
+#: parked rather than held in an in-flight slot.
+RATE_WAIT_IN_FLIGHT = 1.0
 #: A destination whose webhooks are saturated and silent (``WebhookSender.silent``): its next
 #: records wait this long.
 SILENT_WAIT = 1.0
@@ -532,7 +548,8 @@ class _DestinationMetrics:
         self.attempt_seconds = metrics.DELIVERY_ATTEMPT_SECONDS.labels(label)
         self.retries = [metrics.RETRIES.labels(label, str(t)) for t in range(tiers)]
         self.parked = {
-            r: metrics.PARKED.labels(label, r) for r in ("circuit_open", "in_flight", "silent")
+            r: metrics.PARKED.labels(label, r)
+            for r in ("circuit_open", "in_flight", "silent", "rate_limited")
         }
         self._circuits = metrics.CIRCUITS_OPEN.labels(label)
         self._open = -1

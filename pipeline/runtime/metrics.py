@@ -92,7 +92,7 @@ PARKED = Counter(
     "Records set aside for a later tier without an attempt, decode or re-encode, by destination "
     "and reason (circuit_open: every webhook's circuit is open; in_flight: the destination has "
     "its max_in_flight; silent: its webhooks have requests out and none came back for half the "
-    "delivery timeout).",
+    "delivery timeout; rate_limited: its turn under rate_limit is more than a second away).",
     ["destination", "reason"],
 )
 CIRCUITS_OPEN = Gauge(

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from tests.support import apply, send_calls, stays, wait_for
+from tests.support import apply, send_calls, simple_config, stays, wait_for
 
 CALLS = 200
 
@@ -58,3 +58,27 @@ def test_a_failing_endpoint_leaves_its_neighbour_on_the_same_host_alone(
     assert 5 <= bad < CALLS
     assert stays(lambda: len(on("/bad")) == bad, 2.0)  # the tier-0 retries (1 s) are parked too
     print(f"shared host: good {len(good)}/{CALLS} at the first attempt; bad {bad} requests")
+
+
+def test_a_rate_limit_holds_for_the_group_across_two_workers(
+    settings, receiver_factory, process_factory
+):
+    """``rate_limit`` is the whole group's: two worker processes each send their partitions'
+    share, and the receiver sees the limit, within 10 %."""
+    limit, calls = 40.0, 480
+    receiver = receiver_factory(200)
+    apply(settings, simple_config(receiver.url, rate_limit=limit))
+    for _ in range(2):  # whichever holds which partitions, the total is the limit
+        process_factory(settings, "worker", "--no-log-store")
+    track = {"type": "track", "event": "E"}
+    send_calls(
+        settings, [dict(track, userId=f"u{n}", messageId=f"r{n}") for n in range(calls)], "wk"
+    )
+
+    wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == calls, timeout=90)
+    times = sorted(r.at for r in receiver.requests)
+    # The steady rate: past the first second (each process starts with a burst of its share).
+    steady = [t for t in times if t >= times[0] + 1.0]
+    observed = (len(steady) - 1) / (steady[-1] - steady[0])
+    print(f"rate limit {limit:g}/s for the group, two workers: {observed:.1f}/s")
+    assert limit * 0.9 <= observed <= limit * 1.1

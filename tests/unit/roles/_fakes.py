@@ -113,6 +113,12 @@ class FakeSender:
     def silent(self, destination: Destination) -> bool:
         return False
 
+    def rate_wait(self, destination: Destination) -> float:
+        return 0.0
+
+    def set_share(self, role: str, share: float) -> None:
+        self.share = share
+
     def reopens_in(self, destination: Destination) -> float | None:
         return 30.0 if self.circuits(destination) else None
 

@@ -443,3 +443,25 @@ def test_the_final_attempt_is_not_parked() -> None:
     _, loop, producer, batch = run([encoded(record)], sender)
     assert len(sender.attempts) == 1 and sender.attempts[0][3] is True  # final, through circuits
     assert [r for r in producer.sent if r[0] != TOPICS.log] == [] and loop.finished == batch
+
+
+def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
+    class Limited(FakeSender):
+        def rate_wait(self, destination: Destination) -> float:
+            return 7.0
+
+    sender = Limited(lambda d: [OK])
+    _, loop, producer, batch = run([encoded(delivery())], sender)
+    [parked] = producer.sent
+    tier, not_before, *_ = park_header(parked) or ()
+    assert tier == "0" and sender.attempts == [] and loop.finished == batch
+    assert int(not_before) / 1000 >= time.time() + 6
+
+
+def test_the_share_of_the_rate_limit_follows_the_partitions_held() -> None:
+    sender = FakeSender(lambda d: [OK])
+    handler, *_ = run([], sender)
+    handler.assigned([(TOPICS.deliveries, 0), (TOPICS.deliveries, 1), (TOPICS.deliveries, 2)])
+    assert sender.share == 0.5  # 3 of the 6 partitions
+    handler.released([(TOPICS.deliveries, 0)])
+    assert sender.share == 2 / 6
