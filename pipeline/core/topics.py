@@ -42,6 +42,12 @@ class Topics:
         return f"{self.prefix}deliveries.log"
 
     @property
+    def events(self) -> str:
+        """Operational events: circuits, destinations disabled, dead letters (keyed by
+        destination)."""
+        return f"{self.prefix}pipeline.events"
+
+    @property
     def dlq(self) -> str:
         return f"{self.deliveries}.dlq"
 

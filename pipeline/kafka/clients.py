@@ -101,6 +101,7 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         NewTopic(topics.deliveries, settings.partitions, rf),
         NewTopic(topics.dlq, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
         NewTopic(topics.dlq_replays, 1, rf, config={"cleanup.policy": "compact"}),
+        NewTopic(topics.events, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
         NewTopic(
             topics.log,
             settings.partitions,

@@ -45,6 +45,7 @@ _SCHEMA_FILES = (
     "deletion_request",
     "log_record",
     "log_batch",
+    "operational_event",
 )
 
 

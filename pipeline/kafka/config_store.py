@@ -28,6 +28,7 @@ from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
+from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import TopicReader
@@ -194,6 +195,13 @@ class ConfigFollower:
     def _rebuild(self) -> None:
         self._table = ConfigTable.build(self._sources.values(), self._destinations.values())
         self.version += 1
+
+
+def destination_record(topic: str, codec: RecordCodec, destination: Destination) -> Outgoing:
+    """The config topic's record of ``destination``: one change written by the pipeline itself
+    (auto-disable), the same record ``config apply`` writes."""
+    key = f"destination:{destination.id}".encode()
+    return (topic, key, codec.encode("Destination", _encode_destination(destination)))
 
 
 def load_table(settings: Settings, timeout: float = 30.0) -> ConfigTable:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from pipeline.core.config import Destination
 from pipeline.core.dead_letters import dead_letter
 from pipeline.core.delivery_policy import Conclusion, Go, Park, before_attempt, conclude, park
+from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.log_entries import conclusion_log_record
 from pipeline.core.outcomes import DeadLetterReason, Outcome, UrlResult
@@ -49,9 +50,10 @@ from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.http.sender import WebhookSender
 from pipeline.kafka.codec import Codec, RecordCodec
-from pipeline.kafka.config_store import ConfigFollower
+from pipeline.kafka.config_store import ConfigFollower, destination_record
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.errors import Headed
+from pipeline.kafka.events import EventEmitter, EventKind
 from pipeline.kafka.log_batches import (
     LogBatcher,
     LogRecordValue,
@@ -110,6 +112,10 @@ class DeliveryHandler:
         self._active: dict[str, int] = {}
         self._parking = settings.parking
         self._owned: set[tuple[str, int]] = set()
+        self._events = EventEmitter(producer, self._codec, topics.events)
+        self._failing_since: dict[str, float] = {}
+        self._disabling: set[str] = set()
+        self._dead_letters: dict[str, int] = {}
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
         self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
@@ -260,6 +266,65 @@ class DeliveryHandler:
             await asyncio.wait(self._tasks, timeout=5)
         if self._log is not None:
             await self._log.aclose()
+        await self._events.aclose()
+
+    # ---- operational events and auto-disable ----------------------------------------------------
+
+    def _circuits_seen(self, destination: Destination, counted: _DestinationMetrics) -> None:
+        """The gauge of open circuits, and an event when it leaves or returns to zero."""
+        now_open = self._sender.open_circuits(destination)
+        before = counted.circuits(now_open)
+        if now_open and before <= 0:
+            self._events.emit(
+                EventKind.CIRCUIT_OPENED,
+                destination.id,
+                f"{now_open} of {len(destination.webhooks)} webhooks failed repeatedly; "
+                "their records are parked until a probe succeeds",
+                open=now_open,
+                webhooks=len(destination.webhooks),
+            )
+        elif not now_open and before > 0:
+            self._events.emit(
+                EventKind.CIRCUIT_CLOSED, destination.id, "every webhook answers again", open=0
+            )
+
+    def _failing(self, destination: Destination, outcome: Outcome, at: float) -> None:
+        """Auto-disable (``disable_after``): a destination whose every attempt failed for that
+        long is disabled in the config; its pending records are then dead-lettered
+        ``destination_disabled`` (replayable) as they come up."""
+        assert destination.disable_after is not None
+        if outcome is Outcome.DELIVERED:
+            self._failing_since.pop(destination.id, None)
+            return
+        since = self._failing_since.setdefault(destination.id, at)
+        if at - since < destination.disable_after or destination.id in self._disabling:
+            return
+        self._disabling.add(destination.id)
+        reason = (
+            f"every attempt failed for {format_duration(at - since)} "
+            f"(disable_after {format_duration(destination.disable_after)})"
+        )
+        disabled = destination.model_copy(
+            update={"enabled": False, "disabled_reason": reason, "disabled_at": int(at * 1000)}
+        )
+        self._spawn(self._disable(disabled, reason))
+
+    async def _disable(self, disabled: Destination, reason: str) -> None:
+        record = destination_record(self._topics.config, self._codec, disabled)
+        await self._producer.send_all_until_acked([record], self._stop)
+        log.warning("%s: destination %s disabled: %s", self.role, disabled.id, reason)
+        self._events.emit(EventKind.DESTINATION_DISABLED, disabled.id, reason, reason=reason)
+
+    def _dead_lettered(self, destination: str) -> None:
+        """An event each time a destination's dead letters here reach 1, 10, 100, ..."""
+        count = self._dead_letters[destination] = self._dead_letters.get(destination, 0) + 1
+        if count == 10 ** (len(str(count)) - 1):
+            self._events.emit(
+                EventKind.DEAD_LETTERS,
+                destination,
+                f"{count} dead letter{'s' if count > 1 else ''} since this worker started",
+                count=count,
+            )
 
     # ---- parking -------------------------------------------------------------------------------
 
@@ -363,6 +428,7 @@ class DeliveryHandler:
             label = metrics.UNKNOWN_DESTINATION
         else:
             label = metrics.destination_label(destination)
+            self._dead_lettered(destination)
         metrics.DEAD_LETTERS.labels(label, letter.reason).inc()
         key = letter.delivery.destination_id.encode() if letter.delivery is not None else None
         return (
@@ -411,7 +477,9 @@ class DeliveryHandler:
             counted = self._metrics_of(record.destination_id)
             if conclusion.requested:
                 counted.attempt_seconds.observe(finished - now)
-            counted.circuits(self._sender.open_circuits(go.destination))
+            self._circuits_seen(go.destination, counted)
+            if conclusion.requested and go.destination.disable_after is not None:
+                self._failing(go.destination, conclusion.outcome, finished)
             out, logged = self._hand_off(taken, record, conclusion, finished, results, now)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
@@ -554,10 +622,13 @@ class _DestinationMetrics:
         self._circuits = metrics.CIRCUITS_OPEN.labels(label)
         self._open = -1
 
-    def circuits(self, open_now: int) -> None:
-        if open_now != self._open:  # the gauge's lock only on a change
+    def circuits(self, open_now: int) -> int:
+        """Set the gauge; returns the value before (-1: none yet)."""
+        before = self._open
+        if open_now != before:  # the gauge's lock only on a change
             self._open = open_now
             self._circuits.set(open_now)
+        return before
 
 
 def letter_of(

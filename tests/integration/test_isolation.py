@@ -10,6 +10,9 @@ from typing import Any
 
 import orjson
 
+from pipeline.kafka.clients import topics_for
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.topic_reader import read_topic
 from tests.support import apply, send_calls, simple_config, stays, wait_for
 
 CALLS = 200
@@ -82,3 +85,30 @@ def test_a_rate_limit_holds_for_the_group_across_two_workers(
     observed = (len(steady) - 1) / (steady[-1] - steady[0])
     print(f"rate limit {limit:g}/s for the group, two workers: {observed:.1f}/s")
     assert limit * 0.9 <= observed <= limit * 1.1
+
+
+def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(
+    settings, receiver_factory, worker_factory
+):
+    settings = settings.replace(circuit_failures=2, circuit_cool_down=60.0)
+    failing = receiver_factory(500)
+    gone = receiver_factory(404)
+    config = simple_config(failing.url)
+    config["destinations"].append(
+        {"id": "gone", "sources": ["web"], "webhooks": [{"url": gone.url}]}
+    )
+    apply(settings, config)
+    worker_factory(settings)
+    track = {"type": "track", "userId": "u1", "event": "E"}
+    send_calls(settings, [dict(track, messageId=f"e{n}") for n in range(4)], "wk")
+
+    def seen() -> set[tuple[str, str]]:
+        found = set()
+        for message in read_topic(settings, topics_for(settings).events, idle_timeout=2):
+            event = Codec.default().decode("OperationalEvent", message.value())
+            assert message.key() == event["destination"].encode()
+            found.add((event["kind"], event["destination"]))
+        return found
+
+    wanted = {("circuit_opened", "hooks"), ("dead_letters", "gone")}
+    wait_for(lambda: wanted <= seen(), timeout=30)

@@ -90,6 +90,10 @@ class FakeProducer:
     ) -> None:
         self.sent.extend(records)
 
+    async def send_all(self, records: Sequence[Outgoing]) -> list[Any]:
+        self.sent.extend(records)
+        return []
+
 
 @dataclass
 class FakeFollower:

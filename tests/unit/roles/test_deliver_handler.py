@@ -86,11 +86,15 @@ def run(
     return asyncio.run(go()), loop, producer, batch
 
 
+#: Produced beside the hand-off: the delivery log and operational events.
+BESIDE = {TOPICS.log, TOPICS.events}
+
+
 def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, dict[str, Any]]]:
-    """What was produced besides the delivery log."""
+    """What was produced besides the delivery log and the operational events."""
     out = []
     for topic, key, value, *_ in producer.sent:
-        if topic != TOPICS.log:
+        if topic not in BESIDE:
             name = "DeadLetter" if topic == TOPICS.dlq else "Delivery"
             out.append((topic, key, CODEC.decode(name, value)))
     return out
@@ -132,7 +136,7 @@ def test_without_the_log_nothing_is_logged() -> None:
         _, _, producer, _ = run(
             [encoded(delivery())], FakeSender(lambda d, a=answer: [a]), settings=Settings(log=False)
         )
-        assert logged(producer) == [] and len(producer.sent) == (answer is not OK)
+        assert logged(producer) == [] and len(sent(producer)) == (answer is not OK)
 
 
 def test_retryable_failure_goes_to_the_first_tier_under_the_same_key() -> None:
@@ -173,7 +177,7 @@ def test_a_record_whose_partition_was_lost_meanwhile_is_neither_handed_off_nor_f
         return [answer]
 
     _, loop, producer, _ = run([encoded(delivery())], FakeSender(attempt), loop=loop)
-    assert producer.sent == [] and loop.finished == []
+    assert sent(producer) == [] and logged(producer) == [] and loop.finished == []
 
 
 def test_records_decided_without_a_request_are_not_handed_off_for_a_lost_partition() -> None:
@@ -181,7 +185,7 @@ def test_records_decided_without_a_request_are_not_handed_off_for_a_lost_partiti
     _, loop, producer, _ = run(
         [encoded(delivery("gone")), b"junk"], FakeSender(lambda d: [OK]), loop=loop
     )
-    assert producer.sent == [] and loop.finished == []
+    assert sent(producer) == [] and logged(producer) == [] and loop.finished == []
 
 
 def test_permanent_failure_is_dead_lettered_with_where_it_came_from() -> None:
@@ -431,7 +435,7 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
 
     asyncio.run(go())
     assert [m for _, _, m, _, _ in sender.attempts] == ["m0"]
-    parked = [record for record in producer.sent if record[0] != TOPICS.log]
+    parked = [record for record in producer.sent if record[0] not in BESIDE]
     assert [park_header(record)[0] for record in parked] == ["0", "0"]  # type: ignore[index]
     assert sorted(t.offset for t in loop.finished) == [0, 1, 2]
 
@@ -442,7 +446,7 @@ def test_the_final_attempt_is_not_parked() -> None:
     sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
     _, loop, producer, batch = run([encoded(record)], sender)
     assert len(sender.attempts) == 1 and sender.attempts[0][3] is True  # final, through circuits
-    assert [r for r in producer.sent if r[0] != TOPICS.log] == [] and loop.finished == batch
+    assert [r for r in producer.sent if r[0] not in BESIDE] == [] and loop.finished == batch
 
 
 def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
@@ -465,3 +469,80 @@ def test_the_share_of_the_rate_limit_follows_the_partitions_held() -> None:
     assert sender.share == 0.5  # 3 of the 6 partitions
     handler.released([(TOPICS.deliveries, 0)])
     assert sender.share == 2 / 6
+
+
+# ---- operational events and auto-disable --------------------------------------------------------
+
+
+def events(producer: FakeProducer) -> list[dict[str, Any]]:
+    return [
+        CODEC.decode("OperationalEvent", value)
+        for topic, _, value, *_ in producer.sent
+        if topic == TOPICS.events
+    ]
+
+
+def test_a_destinations_first_dead_letter_is_an_event() -> None:
+    _, _, producer, _ = run([encoded(delivery())], FakeSender(lambda d: [E404]))
+    [event] = events(producer)
+    assert (event["kind"], event["destination"], event["data"]) == (
+        "dead_letters",
+        "hooks",
+        '{"count":1}',
+    )
+
+
+def test_circuits_opening_and_closing_are_events() -> None:
+    class Opens(FakeSender):
+        answers = [1, 1, 0]  # open webhooks after each attempt
+
+        def open_circuits(self, destination: Destination) -> int:
+            return self.answers.pop(0)
+
+    sender = Opens(lambda d: [E503])
+    values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
+    _, _, producer, _ = run(values, sender)
+    assert [e["kind"] for e in events(producer)] == ["circuit_opened", "circuit_closed"]
+
+
+def test_a_destination_failing_every_attempt_for_disable_after_is_disabled() -> None:
+    from pipeline.core.outcomes import Outcome
+    from pipeline.kafka.config_store import _decode_destination
+
+    producer = FakeProducer()
+    table = ConfigTable.build(
+        [Source(id="web", write_keys=["wk"])],
+        [Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], disable_after=60)],  # type: ignore[list-item]
+    )
+    destination = table.destinations["hooks"]
+
+    async def go() -> None:
+        handler = DeliveryHandler(
+            "deliver",
+            [TOPICS.deliveries],
+            settings=Settings(),
+            topics=TOPICS,
+            follower=FakeFollower(table),  # type: ignore[arg-type]
+            producer=producer,  # type: ignore[arg-type]
+            sender=FakeSender(lambda d: [E503]),  # type: ignore[arg-type]
+            stop=asyncio.Event(),
+            codec=CODEC,
+            schedule=SCHEDULE,
+        )
+        handler._failing(destination, Outcome.RETRY, 1000.0)
+        handler._failing(destination, Outcome.DELIVERED, 1030.0)  # a success ends the run
+        handler._failing(destination, Outcome.RETRY, 1040.0)
+        handler._failing(destination, Outcome.DEAD_LETTER, 1099.0)  # 59 s: not yet
+        assert producer.sent == []
+        handler._failing(destination, Outcome.RETRY, 1100.0)  # 60 s of failures
+        handler._failing(destination, Outcome.RETRY, 1101.0)  # once is enough
+        while handler._tasks:
+            await handler.aclose()
+
+    asyncio.run(go())
+    [(topic, key, value)] = [r for r in producer.sent if r[0] == TOPICS.config]
+    disabled = _decode_destination(CODEC.decode("Destination", value))
+    assert key == b"destination:hooks" and not disabled.enabled
+    assert disabled.disabled_at == 1_100_000
+    assert disabled.disabled_reason == "every attempt failed for 1m (disable_after 1m)"
+    assert [e["kind"] for e in events(producer)] == ["destination_disabled"]
