@@ -52,32 +52,48 @@ def encoded(record: Delivery) -> bytes:
     return CODEC.encode("Delivery", delivery_to_record(record))
 
 
+def handler_for(
+    producer: FakeProducer,
+    sender: FakeSender,
+    *,
+    table: ConfigTable = TABLE,
+    settings: Settings | None = None,
+    codec: Any = CODEC,
+) -> DeliveryHandler:
+    return DeliveryHandler(
+        "deliver",
+        [TOPICS.deliveries],
+        settings=settings or Settings(),
+        topics=TOPICS,
+        follower=FakeFollower(table),  # type: ignore[arg-type]
+        producer=producer,  # type: ignore[arg-type]
+        sender=sender,  # type: ignore[arg-type]
+        stop=asyncio.Event(),
+        codec=codec,
+        schedule=SCHEDULE,
+    )
+
+
 def run(
     records: list[bytes | None],
     sender: FakeSender,
     codec: Any = CODEC,
     loop: FakeLoop | None = None,
     settings: Settings | None = None,
+    *,
+    table: ConfigTable = TABLE,
+    batch: list[Any] | None = None,
 ) -> tuple[DeliveryHandler, FakeLoop, FakeProducer, list[Any]]:
+    """Handle ``records`` (or ``batch``, taken records) and wait for every task."""
     loop, producer = loop or FakeLoop(), FakeProducer()
-    batch = [
-        taken(TOPICS.deliveries, value, key=b"hooks/u1", partition=2, offset=10 + i)
-        for i, value in enumerate(records)
-    ]
+    if batch is None:
+        batch = [
+            taken(TOPICS.deliveries, value, key=b"hooks/u1", partition=2, offset=10 + i)
+            for i, value in enumerate(records)
+        ]
 
     async def go() -> DeliveryHandler:
-        handler = DeliveryHandler(
-            "deliver",
-            [TOPICS.deliveries],
-            settings=settings or Settings(),
-            topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
-            sender=sender,  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=codec,
-            schedule=SCHEDULE,
-        )
+        handler = handler_for(producer, sender, table=table, settings=settings, codec=codec)
         await handler.handle(batch, loop)  # type: ignore[arg-type]
         while handler._tasks:
             await handler.aclose()
@@ -337,27 +353,8 @@ def run_parked(
     value: bytes | None, not_before: float, sender: FakeSender, **changes: Any
 ) -> tuple[FakeLoop, FakeProducer, Any]:
     headers, value = parked_taken(value, not_before, **changes)
-    loop, producer = FakeLoop(), FakeProducer()
     batch = [taken(TOPICS.retry[1], value, key=b"hooks/u1", offset=3, headers=headers)]
-
-    async def go() -> None:
-        handler = DeliveryHandler(
-            "retry",
-            [TOPICS.retry[1]],
-            settings=Settings(),
-            topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
-            sender=sender,  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=CODEC,
-            schedule=SCHEDULE,
-        )
-        await handler.handle(batch, loop)  # type: ignore[arg-type]
-        while handler._tasks:
-            await handler.aclose()
-
-    asyncio.run(go())
+    _, loop, producer, batch = run([], sender, batch=batch)
     return loop, producer, batch
 
 
@@ -412,28 +409,9 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
             return await slow(destination)
 
     sender = SlowSender(lambda d: [OK])
-    loop, producer = FakeLoop(), FakeProducer()
     values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
     batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
-
-    async def go() -> None:
-        handler = DeliveryHandler(
-            "deliver",
-            [TOPICS.deliveries],
-            settings=Settings(),
-            topics=TOPICS,
-            follower=FakeFollower(table),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
-            sender=sender,  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=CODEC,
-            schedule=SCHEDULE,
-        )
-        await handler.handle(batch, loop)  # type: ignore[arg-type]
-        while handler._tasks:
-            await handler.aclose()
-
-    asyncio.run(go())
+    _, loop, producer, _ = run([], sender, table=table, batch=batch)
     assert [m for _, _, m, _, _ in sender.attempts] == ["m0"]
     parked = [record for record in producer.sent if record[0] not in BESIDE]
     assert [park_header(record)[0] for record in parked] == ["0", "0"]  # type: ignore[index]
@@ -517,18 +495,7 @@ def test_a_destination_failing_every_attempt_for_disable_after_is_disabled() -> 
     destination = table.destinations["hooks"]
 
     async def go() -> None:
-        handler = DeliveryHandler(
-            "deliver",
-            [TOPICS.deliveries],
-            settings=Settings(),
-            topics=TOPICS,
-            follower=FakeFollower(table),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
-            sender=FakeSender(lambda d: [E503]),  # type: ignore[arg-type]
-            stop=asyncio.Event(),
-            codec=CODEC,
-            schedule=SCHEDULE,
-        )
+        handler = handler_for(producer, FakeSender(lambda d: [E503]), table=table)
         handler._failing(destination, Outcome.RETRY, 1000.0)
         handler._failing(destination, Outcome.DELIVERED, 1030.0)  # a success ends the run
         handler._failing(destination, Outcome.RETRY, 1040.0)
