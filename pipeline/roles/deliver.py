@@ -132,9 +132,9 @@ class DeliveryHandler:
         now = time.time()
         deferred: set[tuple[str, int]] = set()
         # Records decided without a request (undecodable, destination gone, deadline passed,
-        # every circuit open) are handed off together: one produce and one wait for the batch,
-        # not a task, a future and a wake-up each. A hanging destination's records take this path
-        # once its circuit is open, so they cost its healthy neighbours little.
+        # parked) are handed off together: one produce and one wait for the batch, not a task, a
+        # future and a wake-up each. A hanging destination's records are parked once its circuit
+        # is open (or it is silent), so they cost its healthy neighbours little.
         decided: list[Decided] = []
         held: list[tuple[float, Taken, Delivery]] = []
         try:
@@ -142,14 +142,18 @@ class DeliveryHandler:
                 key = taken.key
                 if key in deferred:
                     continue  # the loop sought back; these come again after the pause
-                parked = _parked(taken) if self._parking else None
+                parked = _parked(taken)  # read even with parking off: the header rules
                 if parked is not None:  # passed over, or parked again, without a decode
                     not_before = parked.not_before / 1000
                     if not_before - now > HOLD_SECONDS:
                         loop.defer(taken, not_before - HOLD_SECONDS)
                         deferred.add(key)
                         continue
-                    if not_before <= now and self._park_again(taken, parked, now, decided):
+                    if (
+                        not_before <= now
+                        and self._parking
+                        and self._park_again(taken, parked, now, decided)
+                    ):
                         continue
                 try:
                     record = delivery_from_record(
