@@ -563,6 +563,36 @@ class LogStoreContract:
             trace = store.trace(f"m{i}")
             assert trace is not None and len(trace.entries) == 2
 
+    def test_large_writes_store_every_row_and_update_every_journey(
+        self, store: LogStore, feed: Feed
+    ):
+        # Counts that are not multiples of the backends' rows per statement: every row of the
+        # bulk inserts and of the bulk journey updates lands, each on its own row.
+        count = 601
+        routed_rows = feed(*(routed(f"m{i}", ("crm", "wh"), T0 + i) for i in range(count)))
+        assert store.write(routed_rows) == 2 * count
+        attempts = [attempt(f"m{i}", "crm", T0 + HOUR + i) for i in range(count)]
+        attempts += [failed(f"m{i}", "wh", T0 + HOUR + i) for i in range(0, count, 3)]
+        assert store.write(feed(*attempts)) == 2 * len(attempts)
+        journeys = {(j.message_id, j.destination): j for j in store.log(LogQuery(limit=10_000))}
+        assert len(journeys) == 2 * count
+        for i in range(count):
+            crm, wh = journeys[(f"m{i}", "crm")], journeys[(f"m{i}", "wh")]
+            assert crm.state == JourneyState.DELIVERED and crm.last_updated == T0 + HOUR + i + 1
+            assert crm.attempts == 1 and crm.first_seen == T0 + i and crm.user_id == "u1"
+            if i % 3 == 0:
+                assert wh.state == JourneyState.WAITING and wh.failed_attempts == 1
+                assert wh.last_status == 503 and wh.not_before == T0 + HOUR + i + 10 * S
+            else:
+                assert wh.state == JourneyState.ROUTED and wh.attempts == 0
+        trace = store.trace(f"m{count - 2}")  # not retried (600 is)
+        assert trace is not None and [e.kind for e in trace.entries] == [
+            LogKind.RECEIVED,
+            LogKind.ROUTED,
+            LogKind.ATTEMPT,
+            LogKind.DELIVERED,
+        ]
+
     def test_empty_writes_and_records_without_entries(self, store: LogStore, feed: Feed):
         assert store.write([]) == 0
         assert store.write(feed(record("m1"))) == 0

@@ -7,12 +7,14 @@ SQLite and PostgreSQL accept (``ON CONFLICT ... DO UPDATE``, ``CASE``, window fu
 - placeholders (PostgreSQL's driver wants ``%s``), auto-numbered columns and new call ids;
 - transactions: SQLite takes the write lock up front (``BEGIN IMMEDIATE``); PostgreSQL locks the
   Kafka partitions' position rows (``FOR UPDATE``) and the schema (an advisory lock);
-- bulk inserts: ``executemany`` on SQLite, ``COPY`` on PostgreSQL.
+- bulk inserts and updates: multi-row ``INSERT`` (``... ON CONFLICT DO UPDATE`` for updates) on
+  SQLite, ``COPY`` and ``executemany`` on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -51,6 +53,21 @@ class Database(abc.ABC):
         """Insert ``rows`` (fast path: the backend's bulk insert)."""
         marks = ", ".join("?" * len(columns))
         self.run_many(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)  # noqa: S608
+
+    def update_many(
+        self,
+        table: str,
+        columns: Sequence[str],
+        key: Sequence[str],
+        changed: Sequence[str],
+        rows: Sequence[Row],
+    ) -> None:
+        """Set the ``changed`` columns of existing rows from ``rows`` (whole rows, in the order of
+        ``columns``), found by their ``key`` columns."""
+        where = " AND ".join(f"{c} = ?" for c in key)
+        sql = f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in changed)} WHERE {where}"  # noqa: S608
+        params = operator.itemgetter(*(columns.index(c) for c in (*changed, *key)))
+        self.run_many(sql, [params(row) for row in rows])
 
     @abc.abstractmethod
     def unavailable(self, error: Exception) -> bool:

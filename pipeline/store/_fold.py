@@ -51,6 +51,8 @@ _WAITING = JourneyState.WAITING
 _WITH_REASON = frozenset({JourneyState.DROPPED, JourneyState.DEAD_LETTERED})
 _STATES = {kind: state_after(kind) for kind in LogKind}
 _KIND_TEXT = {kind: kind.value for kind in LogKind}  # an enum's .value is a slow descriptor
+_STATE_TEXT = {state: state.value for state in JourneyState}
+_ROUTED_STATE = JourneyState.ROUTED.value
 
 
 def clean(text: str) -> str:
@@ -91,7 +93,7 @@ def attempt_ok(entry: LogEntry) -> bool:
 
 def first_at(record: LogRecord) -> int:
     """The time of a record's earliest entry."""
-    return min(e.at for e in record.entries)
+    return min([e.at for e in record.entries])
 
 
 def entry_detail(entry: LogEntry, clean: Callable[[str], str] = clean) -> str | None:
@@ -289,7 +291,7 @@ class Batch:
                 call_id,
                 destination,
                 message_id,
-                JourneyState.ROUTED.value,
+                _ROUTED_STATE,
                 -1,
                 *identity,
                 first,
@@ -326,7 +328,7 @@ def _apply(
         row.last_updated = at
     state = _STATES[entry.kind]
     if state is not None and at >= row.state_at:
-        row.state = state.value
+        row.state = _STATE_TEXT[state]
         row.state_at = at
         row.reason = optional(entry.reason) if state in _WITH_REASON else None
         if state is _WAITING:

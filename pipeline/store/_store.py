@@ -65,11 +65,7 @@ _ENTRY_LIST = ", ".join(ENTRY_COLUMNS)
 #: even when the value is unchanged.
 _IDENTITY = ("source", "call_type", "user_id", "anonymous_id", "event")
 _STATE_COLUMNS = tuple(c for c in JOURNEY_COLUMNS[3:] if c not in _IDENTITY)
-_state_params = operator.itemgetter(*(JOURNEY_COLUMNS.index(c) for c in _STATE_COLUMNS))
-_JOURNEY_UPDATE = (
-    f"UPDATE journeys SET {', '.join(f'{c} = ?' for c in _STATE_COLUMNS)}"  # noqa: S608
-    " WHERE call_id = ? AND destination = ?"
-)
+_JOURNEY_KEY = ("call_id", "destination")
 _IDENTITY_UPDATE = (
     f"UPDATE journeys SET {', '.join(f'{c} = ?' for c in _IDENTITY)}"  # noqa: S608
     " WHERE call_id = ? AND destination = ?"
@@ -323,13 +319,13 @@ class LogStore:
             if key in batch.new:
                 new.append(row)
                 continue
-            updated.append((*_state_params(row), *key))
+            updated.append(row)
             if key in batch.identified:
                 identified.append((*_identity_params(row), *key))
         if new:
             self._db.insert_many("journeys", JOURNEY_COLUMNS, new)
         if updated:
-            self._db.run_many(_JOURNEY_UPDATE, updated)
+            self._db.update_many("journeys", JOURNEY_COLUMNS, _JOURNEY_KEY, _STATE_COLUMNS, updated)
         if identified:
             self._db.run_many(_IDENTITY_UPDATE, identified)
 

@@ -137,6 +137,20 @@ def test_wal_mode_and_the_schema_version_are_on_file(tmp_path: Path):
         db.close()
 
 
+def test_bulk_statements_fit_an_older_sqlites_parameter_limit(tmp_path: Path):
+    # SQLite before 3.32 allows 999 parameters a statement: the multi-row INSERTs and upserts
+    # take fewer rows each, and every row still lands.
+    with open_store(f"sqlite:///{tmp_path}/log.sqlite3") as store:
+        connection = store._db._connection  # type: ignore[attr-defined]
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        feed = Feed()
+        assert store.write(feed(*(routed(f"m{i}", ("crm",), T0 + i) for i in range(300)))) == 600
+        attempts = feed(*(attempt(f"m{i}", "crm", T0 + 10_000 + i) for i in range(300)))
+        assert store.write(attempts) == 600
+        journeys = store.log(LogQuery(limit=1000))
+        assert len(journeys) == 300 and {j.state.value for j in journeys} == {"delivered"}
+
+
 def test_a_reader_sees_the_writers_commits_while_it_writes(tmp_path: Path):
     url = f"sqlite:///{tmp_path}/log.sqlite3"
     with open_store(url) as writer, open_store(url) as reader:
