@@ -149,6 +149,14 @@ class _Target:
         assert self.host is not None
         return self.breaker.refuses() or self.host.breaker.refuses()
 
+    def silenced(self) -> UrlResult:
+        """The result of not waiting for this URL: it is silent (see ``silent``)."""
+        return UrlResult(
+            self.url,
+            failure=Failure.CIRCUIT_OPEN,
+            detail="not tried: it has requests out and answered none lately",
+        )
+
     def refusal(self) -> UrlResult:
         """The result of not trying this URL because a circuit is open (made once per cause: a
         hanging endpoint's records all take it)."""
@@ -167,6 +175,8 @@ class _Target:
         return refusal
 
 
+#: How often a record waiting for a host's slot checks whether its endpoint fell silent.
+_SILENCE_CHECK = 0.5
 #: The least share of a rate limit a process sends at (one that holds no partition yet).
 MIN_SHARE = 0.01
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
@@ -370,7 +380,11 @@ class WebhookSender:
         if host is None:
             assert target.failure is not None
             return UrlResult(url, failure=target.failure, detail=target.detail)
-        async with host.slots:
+        if not host.slots.locked() or final:
+            await host.slots.acquire()
+        elif not await self._slot_unless_silent(target, host):
+            return target.silenced()
+        try:
             if not final:
                 if target.refuses():
                     return target.refusal()
@@ -384,6 +398,8 @@ class WebhookSender:
             finally:
                 target.in_flight -= 1
                 target.quiet_since = time.monotonic()  # it answered (or gave up on) one
+        finally:
+            host.slots.release()
         failure = result.failure
         if failure is None:
             target.breaker.record(ok=True)
@@ -394,6 +410,21 @@ class WebhookSender:
         elif result.status is not None:
             host.breaker.record(ok=True)  # the host answered, whatever it said
         return result
+
+    async def _slot_unless_silent(self, target: _Target, host: _Host) -> bool:
+        """Take one of the host's slots, all taken now; ``False`` (no slot taken) if the endpoint
+        falls silent meanwhile (its requests out, none back for half the delivery timeout): a
+        record waiting behind a hanging endpoint would hold the worker's in-flight slot for
+        nothing."""
+        after = self._settings.delivery_timeout / 2
+        while True:
+            try:
+                async with asyncio.timeout(_SILENCE_CHECK):
+                    await host.slots.acquire()
+                return True
+            except TimeoutError:
+                if target.silent(time.monotonic(), after):
+                    return False
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> UrlResult:
         assert self._session is not None, "WebhookSender.start() was not awaited"

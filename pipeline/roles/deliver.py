@@ -37,7 +37,7 @@ from pipeline.core.delivery_policy import Conclusion, Go, Park, before_attempt, 
 from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.log_entries import conclusion_log_record
-from pipeline.core.outcomes import DeadLetterReason, Outcome, UrlResult
+from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult
 from pipeline.core.records import (
     DeadLetter,
     Delivery,
@@ -476,6 +476,14 @@ class DeliveryHandler:
             results = await self._sender.attempt(
                 go.destination, record.body, record.message_id, final=go.final
             )
+            if self._parking and not go.final and _all_refused(results):
+                # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
+                parked: list[Decided] = []
+                if self._park(taken, record, go.destination, time.time(), parked):
+                    if loop.owns(taken):
+                        await self._producer.send_all_until_acked(parked[0][1], self._stop)
+                        loop.finish(taken)
+                    return
             finished = time.time()
             conclusion = conclude(record, results, self._schedule_of(go.destination), now, finished)
             counted = self._metrics_of(record.destination_id)
@@ -588,6 +596,11 @@ class _ParkHeader(NamedTuple):
             first_attempt_at=record.first_attempt_at or self.first_attempt_at,
             deadline=record.deadline or self.deadline,
         )
+
+
+def _all_refused(results: Sequence[UrlResult]) -> bool:
+    """No request was made: every webhook's circuit refused it, or it fell silent."""
+    return all(result.failure is Failure.CIRCUIT_OPEN for result in results)
 
 
 def _parked(taken: Taken) -> _ParkHeader | None:

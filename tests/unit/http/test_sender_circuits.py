@@ -201,3 +201,22 @@ def test_an_endpoint_with_requests_out_and_no_answer_for_half_the_timeout_is_sil
         assert not sender.silent(hanging)  # nothing out any more
 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
+
+
+def test_a_request_waiting_behind_a_silent_endpoint_gives_up_its_wait() -> None:
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        hanging = destination(f"{receiver}/hang")
+        out = [asyncio.create_task(sender.attempt(hanging, b"{}", f"m{n}")) for n in range(2)]
+        await asyncio.sleep(0.1)  # both of the host's slots are taken by hanging requests
+        started = asyncio.get_running_loop().time()
+        [waited] = await sender.attempt(hanging, b"{}", "m3")
+        took = asyncio.get_running_loop().time() - started
+        assert waited.failure is Failure.CIRCUIT_OPEN and "answered none" in waited.detail
+        assert took < 0.95  # not the hanging requests' 1 s timeout: it stopped waiting
+        results = await asyncio.gather(*out)
+        assert all(r[0].failure is Failure.TIMEOUT for r in results)
+
+    settings = SETTINGS.replace(
+        delivery_timeout=1.0, circuit_failures=10, max_connections_per_host=2
+    )
+    with_receiver(test, settings)

@@ -513,3 +513,17 @@ def test_a_destination_failing_every_attempt_for_disable_after_is_disabled() -> 
     assert disabled.disabled_at == 1_100_000
     assert disabled.disabled_reason == "every attempt failed for 1m (disable_after 1m)"
     assert [e["kind"] for e in events(producer)] == ["destination_disabled"]
+
+
+def test_a_record_refused_while_it_waited_is_parked() -> None:
+    class FellSilent(FakeSender):
+        def silent(self, destination: Destination) -> bool:
+            return True  # by the time the attempt returns
+
+    refused = UrlResult(URL, failure=Failure.CIRCUIT_OPEN, detail="not tried: silent")
+    value = encoded(delivery())
+    sender = FellSilent(lambda d: [refused])
+    _, loop, producer, batch = run([value], sender)
+    [parked] = [r for r in producer.sent if r[0] not in BESIDE]
+    assert parked[2] == value and park_header(parked) is not None
+    assert logged(producer) == [] and loop.finished == batch
