@@ -120,6 +120,7 @@ class _Target:
         "_refusals",
         "in_flight",
         "quiet_since",
+        "latency",
     )
 
     def __init__(
@@ -139,10 +140,22 @@ class _Target:
         #: Requests to this URL now, and since when none of them has come back (monotonic).
         self.in_flight = 0
         self.quiet_since = 0.0
+        #: How long it takes to answer (a moving average of answered requests; None: unknown).
+        self.latency: float | None = None
 
-    def silent(self, now: float, after: float) -> bool:
-        """Requests are out, and none has come back for ``after`` seconds: it hangs, likely."""
-        return self.in_flight > 0 and now - self.quiet_since > after
+    def silent(self, now: float, at_most: float) -> bool:
+        """Requests are out and none has come back for ten times its usual answer time (at
+        least ``QUIET_MIN``, at most ``at_most``; ``QUIET_MIN`` before its first answer): it
+        hangs, likely."""
+        if not self.in_flight:
+            return False
+        quiet = (
+            QUIET_MIN if self.latency is None else min(at_most, max(QUIET_MIN, 10 * self.latency))
+        )
+        return now - self.quiet_since > quiet
+
+    def answered(self, seconds: float) -> None:
+        self.latency = seconds if self.latency is None else 0.8 * self.latency + 0.2 * seconds
 
     def refuses(self) -> bool:
         """Is the endpoint's or its host's circuit open? (Asked without taking a probe.)"""
@@ -176,7 +189,9 @@ class _Target:
 
 
 #: How often a record waiting for a host's slot checks whether its endpoint fell silent.
-_SILENCE_CHECK = 0.5
+_SILENCE_CHECK = 0.1
+#: The least time without an answer that makes an endpoint silent, and the time before its first.
+QUIET_MIN = 0.25
 #: The least share of a rate limit a process sends at (one that holds no partition yet).
 MIN_SHARE = 0.01
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
@@ -319,9 +334,10 @@ class WebhookSender:
         return soonest
 
     def silent(self, destination: Destination) -> bool:
-        """Is every webhook of ``destination`` saturated and silent: requests out and none back
-        for half the delivery timeout? Its next records should not take in-flight slots to wait
-        behind them (the first seconds of a hang, before its circuit can open)."""
+        """Is every webhook of ``destination`` silent: requests out and none back for ten times
+        its usual answer time (at most half the delivery timeout)? Its next records should not
+        take in-flight slots to wait behind them (the first seconds of a hang, before its
+        circuit can open)."""
         now = time.monotonic()
         after = self._settings.delivery_timeout / 2
         for hook in destination.webhooks:
@@ -400,6 +416,8 @@ class WebhookSender:
                 target.quiet_since = time.monotonic()  # it answered (or gave up on) one
         finally:
             host.slots.release()
+        if result.status is not None:
+            target.answered(result.duration)
         failure = result.failure
         if failure is None:
             target.breaker.record(ok=True)
@@ -413,9 +431,8 @@ class WebhookSender:
 
     async def _slot_unless_silent(self, target: _Target, host: _Host) -> bool:
         """Take one of the host's slots, all taken now; ``False`` (no slot taken) if the endpoint
-        falls silent meanwhile (its requests out, none back for half the delivery timeout): a
-        record waiting behind a hanging endpoint would hold the worker's in-flight slot for
-        nothing."""
+        falls silent meanwhile (``_Target.silent``): a record waiting behind a hanging endpoint
+        would hold the worker's in-flight slot for nothing."""
         after = self._settings.delivery_timeout / 2
         while True:
             try:

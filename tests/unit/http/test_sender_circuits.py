@@ -185,13 +185,13 @@ def test_the_final_attempt_goes_through_open_circuits() -> None:
     with_receiver(test)
 
 
-def test_an_endpoint_with_requests_out_and_no_answer_for_half_the_timeout_is_silent() -> None:
+def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging, healthy = destination(f"{receiver}/hang"), destination(f"{receiver}/ok")
         assert not sender.silent(hanging)  # never tried
         requests = [asyncio.create_task(sender.attempt(hanging, b"{}", f"m{n}")) for n in range(3)]
-        await asyncio.sleep(0.2)
-        assert not sender.silent(hanging)  # out for less than half the timeout (1 s)
+        await asyncio.sleep(0.02)
+        assert not sender.silent(hanging)  # out for less than QUIET_MIN (0.25 s)
         await asyncio.sleep(0.5)
         assert sender.silent(hanging)
         assert (await sender.attempt(healthy, b"{}", "h1"))[0].status == 200
@@ -220,3 +220,16 @@ def test_a_request_waiting_behind_a_silent_endpoint_gives_up_its_wait() -> None:
         delivery_timeout=1.0, circuit_failures=10, max_connections_per_host=2
     )
     with_receiver(test, settings)
+
+
+def test_an_endpoint_is_silent_after_ten_times_its_usual_answer_time() -> None:
+    sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
+    target = sender._target(A)
+    target.in_flight, target.quiet_since = 1, 100.0
+    assert target.silent(100.3, 2.5)  # no answer yet: QUIET_MIN
+    target.answered(0.1)  # answers in 100 ms: silent after 1 s without one
+    assert not target.silent(100.9, 2.5) and target.silent(101.1, 2.5)
+    target.latency = 2.0  # a slow receiver: at most half the delivery timeout
+    assert not target.silent(102.4, 2.5) and target.silent(102.6, 2.5)
+    target.in_flight = 0
+    assert not target.silent(200.0, 2.5)  # nothing out: nothing to wait for
