@@ -334,7 +334,8 @@ class DeliveryHandler:
 
     def _park_reason(self, destination: Destination | None) -> tuple[str, float] | None:
         """Why (and for how many seconds) records for ``destination`` should wait rather than be
-        attempted now: every webhook's circuit open, or its ``max_in_flight`` taken."""
+        attempted now: its ``max_in_flight`` taken, every webhook's circuit open, every webhook
+        silent (requests out, none back lately), or its turn under ``rate_limit`` far off."""
         if destination is None or not destination.enabled:
             return None  # dead-lettered, which needs the record
         limit = destination.max_in_flight
