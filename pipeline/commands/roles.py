@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -74,16 +75,21 @@ def _start_log_store(args: argparse.Namespace, settings: Settings) -> subprocess
         command += ["--metrics-port", str(args.metrics_port + 1)]
     if args.verbose:
         command.append("--verbose")
-    return subprocess.Popen(command, preexec_fn=_die_with_parent)
+    parent = os.getpid()
+    return subprocess.Popen(command, preexec_fn=lambda: _die_with_parent(parent))
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the parent dies."""
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies. A parent that died
+    before the request took effect (killed right after the fork) would never send it: then the
+    child goes at once."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
