@@ -614,22 +614,7 @@ def positions(settings: Settings, roles: dict[str, str]) -> str:
     stalled reader when a crash test's wait fails)."""
     lines = []
     for role, topic in roles.items():
-        seen = {level: Counter[int]() for level in ("read_committed", "read_uncommitted")}
-        for level, counts in seen.items():
-            consumer = Consumer(
-                consumer_config(settings, f"peek-{level}", **{"isolation.level": level})
-            )
-            try:
-                consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
-                quiet = time.monotonic() + 3  # the first records, then 1 s after the last
-                while time.monotonic() < quiet:
-                    for message in consumer.consume(500, 0.2):
-                        partition = message.partition()
-                        if message.error() is None and partition is not None:
-                            counts[partition] += 1
-                            quiet = max(quiet, time.monotonic() + 1)
-            finally:
-                consumer.close()
+        seen = visibility(settings, topic)
         committed = group_positions(settings, role, topic)
         for p in range(settings.partitions):
             lines.append(
@@ -637,6 +622,36 @@ def positions(settings: Settings, roles: dict[str, str]) -> str:
                 f"{seen['read_uncommitted'][p]} present, {role} at {committed.get(p)}"
             )
     return "\n".join(lines)
+
+
+def visibility(settings: Settings, topic: str) -> dict[str, Counter[int]]:
+    """Per isolation level, the records of ``topic`` a reader sees, per partition."""
+    seen = {level: Counter[int]() for level in ("read_committed", "read_uncommitted")}
+    for level, counts in seen.items():
+        consumer = Consumer(
+            consumer_config(settings, f"peek-{level}", **{"isolation.level": level})
+        )
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
+            quiet = time.monotonic() + 3  # the first records, then 1 s after the last
+            while time.monotonic() < quiet:
+                for message in consumer.consume(500, 0.2):
+                    partition = message.partition()
+                    if message.error() is None and partition is not None:
+                        counts[partition] += 1
+                        quiet = max(quiet, time.monotonic() + 1)
+        finally:
+            consumer.close()
+    return seen
+
+
+def stalled_transactions(settings: Settings, topic: str) -> list[int]:
+    """Partitions of ``topic`` holding records a read_committed reader does not see: a
+    transaction left open. On tansu 0.6 (the embedded broker) a transactional producer killed
+    mid-transaction sometimes leaves one open for good (docs/decisions.md, "Kafka")."""
+    seen = visibility(settings, topic)
+    committed, present = seen["read_committed"], seen["read_uncommitted"]
+    return sorted(p for p in present if committed[p] < present[p])
 
 
 def wait_or_tell(
