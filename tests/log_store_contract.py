@@ -9,6 +9,7 @@ record is ``received`` + ``routed``, an attempt record is ``attempt`` + its conc
 from __future__ import annotations
 
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -185,6 +186,40 @@ class LogStoreContract:
     @pytest.fixture
     def feed(self) -> Feed:
         return Feed()
+
+    def test_two_writers_share_the_store_each_on_its_partitions(self, store_url: str):
+        """Two stores on one URL (two log-store processes), each writing its own partition from
+        its own thread."""
+        stores = [open_store(store_url), open_store(store_url)]
+        errors: list[BaseException] = []
+
+        def write(partition: int) -> None:
+            feed = Feed()
+            try:
+                for i in range(50):
+                    message = f"p{partition}-{i}"
+                    rows = feed(
+                        routed(message, ("crm", "wh"), T0 + i),
+                        attempt(message, "crm", T0 + i + 1),
+                        partition=partition,
+                    )
+                    stores[partition].write(rows)
+            except BaseException as exc:  # noqa: BLE001  (reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(p,)) for p in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        try:
+            assert errors == []
+            assert stores[0].positions() == {0: 100, 1: 100}
+            assert len(stores[1].log(LogQuery(state="delivered", limit=1000))) == 100
+            assert len(stores[1].log(LogQuery(state="routed", limit=1000))) == 100
+        finally:
+            for opened in stores:
+                opened.close()
 
     @pytest.fixture
     def log_dataset(self, store: LogStore, feed: Feed) -> LogStore:

@@ -12,7 +12,7 @@ import pytest
 pytest.register_assert_rewrite("tests.log_store_contract")  # before it is imported
 
 from pipeline.runtime.net import free_port  # noqa: E402
-from pipeline.store import LogQuery, LogStore, StoreUnavailable, open_store  # noqa: E402
+from pipeline.store import StoreUnavailable, open_store  # noqa: E402
 from tests.log_store_contract import T0, Feed, LogStoreContract, attempt, routed  # noqa: E402
 
 
@@ -72,36 +72,3 @@ def test_processes_opening_a_new_store_together_agree_on_its_id(postgres_url: st
         thread.join(60)
     assert errors == []
     assert len(ids) == 4 and len(set(ids)) == 1
-
-
-def test_two_writers_on_their_own_partitions(postgres_url: str):
-    stores: list[LogStore] = [open_store(postgres_url), open_store(postgres_url)]
-    errors: list[BaseException] = []
-
-    def write(partition: int) -> None:
-        feed = Feed()
-        try:
-            for i in range(30):
-                message = f"p{partition}-{i}"
-                rows = feed(
-                    routed(message, ("crm", "wh"), T0 + i),
-                    attempt(message, "crm", T0 + i + 1),
-                    partition=partition,
-                )
-                stores[partition].write(rows)
-        except BaseException as exc:  # noqa: BLE001  (reported below)
-            errors.append(exc)
-
-    threads = [threading.Thread(target=write, args=(p,)) for p in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    try:
-        assert errors == []
-        assert stores[0].positions() == {0: 60, 1: 60}
-        assert len(stores[1].log(LogQuery(state="delivered", limit=1000))) == 60
-        assert len(stores[1].log(LogQuery(state="routed", limit=1000))) == 60
-    finally:
-        for store in stores:
-            store.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -195,38 +194,3 @@ def test_a_lock_held_too_long_is_unavailable_then_passes(
             holder.execute("ROLLBACK")
             holder.close()
         assert store.write(Feed()(routed("m1", ("crm",), T0))) == 2  # the caller tries again
-
-
-def test_several_writers_share_one_file(tmp_path: Path):
-    """Two stores on one file, each writing its own partition from its own thread."""
-    url = f"sqlite:///{tmp_path}/log.sqlite3"
-    stores = [open_store(url), open_store(url)]
-    errors: list[BaseException] = []
-
-    def write(partition: int) -> None:
-        feed = Feed()
-        try:
-            for i in range(50):
-                message = f"p{partition}-{i}"
-                stores[partition].write(
-                    feed(
-                        routed(message, ("crm",), T0 + i),
-                        attempt(message, "crm", T0 + i + 1),
-                        partition=partition,
-                    )
-                )
-        except BaseException as exc:  # noqa: BLE001  (reported below)
-            errors.append(exc)
-
-    threads = [threading.Thread(target=write, args=(p,)) for p in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    try:
-        assert errors == []
-        assert stores[0].positions() == {0: 100, 1: 100}
-        assert len(stores[1].log(LogQuery(state="delivered", limit=1000))) == 100
-    finally:
-        for store in stores:
-            store.close()
