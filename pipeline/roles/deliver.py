@@ -111,6 +111,10 @@ class DeliveryHandler:
         #: Records being attempted, per destination (its ``max_in_flight``).
         self._active: dict[str, int] = {}
         self._parking = settings.parking
+        # With parking, ``_park`` has asked the circuits already: a record every circuit refuses
+        # is parked (or is on its final attempt, which goes through them), so asking again per
+        # record could only answer "none refuses".
+        self._circuits = _asked_already if self._parking else sender.refused_by_circuits
         self._owned: set[tuple[str, int]] = set()
         self._events = EventEmitter(producer, self._codec, topics.events)
         self._failing_since: dict[str, float] = {}
@@ -203,7 +207,7 @@ class DeliveryHandler:
                 destination,
                 self._schedule_of(destination),
                 now,
-                self._sender.refused_by_circuits,
+                self._circuits,
             )
             if isinstance(before, Go):
                 active = self._active
@@ -597,6 +601,11 @@ class _ParkHeader(NamedTuple):
             first_attempt_at=record.first_attempt_at or self.first_attempt_at,
             deadline=record.deadline or self.deadline,
         )
+
+
+def _asked_already(destination: Destination) -> None:
+    """The circuits' answer ``before_attempt`` gets when parking asked them first (see above)."""
+    return None
 
 
 def _all_refused(results: Sequence[UrlResult]) -> bool:
