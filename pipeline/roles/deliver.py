@@ -125,7 +125,6 @@ class DeliveryHandler:
         self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
-        self._log_topic = topics.log if settings.log else None
         self._bodies_direct = writes_bodies(self._codec)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
 
@@ -451,8 +450,8 @@ class DeliveryHandler:
         decided = [item for item in decided if loop.owns(item[0])]
         records = [record for _, out, _ in decided for record in out]
         logged = [record for _, _, record in decided if record is not None]
-        if logged and self._log_topic is not None:
-            records += log_batch_records(self._codec, self._log_topic, logged)
+        if logged:  # only made when the log is on
+            records += log_batch_records(self._codec, self._topics.log, logged)
         await self._producer.send_all_until_acked(records, self._stop)
         for taken, _, _ in decided:
             loop.finish(taken)
@@ -527,7 +526,7 @@ class DeliveryHandler:
         counted = self._metrics_of(before.destination_id)
         counted.outcomes[outcome].inc()
         logged: LogRecordValue | None = None
-        if self._log_topic is not None:
+        if self._log is not None:
             if outcome is Outcome.DELIVERED and self._bodies_direct:
                 logged = delivered_log_body(before, list(results), started, finished)  # fast
             else:
