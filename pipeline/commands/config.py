@@ -1,10 +1,21 @@
-"""``pipeline config apply FILE`` / ``config show``: validate and publish sources and destinations."""
+"""``pipeline config apply FILE`` / ``show`` / ``export``: publish, print and save sources and
+destinations.
+
+``config apply`` is not the only writer of the config topic: the web console and the deliver
+role's auto-disable change entities too. Before ``config apply`` updates or deletes an entity
+someone else changed since the last apply, it names the change (who, when) and asks, or without a
+terminal refuses unless ``--force``: the file is usually older than that change, and overwriting it
+silently would undo, say, an operator's emergency toggle. ``config export`` writes the live config
+as a file, so the way to keep such a change is to export, edit, and apply.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -13,12 +24,13 @@ from pipeline.commands._args import Subparsers
 from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import ConfigError
 from pipeline.core.settings import Settings
-from pipeline.core.timestamps import format_timestamp
+from pipeline.core.timestamps import format_timestamp, now_ms
 
 if TYPE_CHECKING:  # pydantic loads only for the commands that need it
     from pipeline.core.config import ConfigTable, Destination
+    from pipeline.kafka.config_store import Origin
 
-__all__ = ["register", "run", "format_config"]
+__all__ = ["register", "run", "format_config", "format_export", "overwrite_warning"]
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -32,14 +44,35 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep sources and destinations that the file does not list (default: delete them)",
     )
+    apply.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite changes made outside config apply (web console, auto-disable) without "
+        "asking; without a terminal to ask, apply refuses to overwrite them unless given this",
+    )
     show = actions.add_parser("show", parents=[common], help="print the live config")
     show.add_argument("--json", action="store_true", help="JSON output")
     show.add_argument("--show-secrets", action="store_true", help="print secrets unmasked")
+    export = actions.add_parser(
+        "export",
+        parents=[common],
+        help="print the live config as the YAML file config apply takes (secrets included)",
+    )
+    export.add_argument(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="write it to FILE, readable by its owner only (mode 0600), instead of stdout",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    return _apply(args, settings) if args.action == "apply" else _show(args, settings)
+    if args.action == "apply":
+        return _apply(args, settings)
+    if args.action == "export":
+        return _export(args, settings)
+    return _show(args, settings)
 
 
 def _read_yaml(path: str) -> object:
@@ -52,12 +85,26 @@ def _read_yaml(path: str) -> object:
 
 def _apply(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.config import validate_config
-    from pipeline.kafka.config_store import apply_config
+    from pipeline.kafka.config_store import plan_config, write_plan
 
     config = validate_config(_read_yaml(args.file))
     for warning in _blocked_url_warnings(config, settings):
         print(f"warning: {warning}", file=sys.stderr)
-    plan = apply_config(settings, config, prune=not args.no_prune, dry_run=args.dry_run)
+    plan = plan_config(settings, config, prune=not args.no_prune)
+    for key, origin in plan.overwrites.items():
+        warning = overwrite_warning(key, origin, deleting=key in plan.deleted)
+        print(f"warning: {warning}", file=sys.stderr)
+    if not args.dry_run:
+        if plan.overwrites and not args.force and not _confirm_overwrite(args.file == "-"):
+            print(
+                f"error: not applied, nothing was written: it would overwrite "
+                f"{len(plan.overwrites)} change(s) made outside config apply. To keep them, "
+                "put them in the file first ('pipeline config export' prints the live config); "
+                "to overwrite them, run again with --force",
+                file=sys.stderr,
+            )
+            return 1
+        write_plan(settings, plan)
     verb = "would" if args.dry_run else ""
     for label, keys in (
         ("create", plan.created),
@@ -71,6 +118,28 @@ def _apply(args: argparse.Namespace, settings: Settings) -> int:
         f"{len(plan.deleted)} deleted, {len(plan.unchanged)} unchanged"
     )
     return 0
+
+
+def overwrite_warning(key: str, origin: Origin, *, deleting: bool) -> str:
+    """``destination:hooks was changed by console:ab12 at 2026-11-23T22:01:05Z since the last
+    apply; applying overwrites that change``."""
+    when = "" if origin.changed_at is None else f" at {_utc_seconds(origin.changed_at)}"
+    effect = "applying deletes it" if deleting else "applying overwrites that change"
+    return f"{key} was changed by {origin.changed_by}{when} since the last apply; {effect}"
+
+
+def _utc_seconds(ms: int) -> str:
+    """``2026-11-23T22:01:05Z``: when a person changed something, milliseconds are noise."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000))
+
+
+def _confirm_overwrite(file_from_stdin: bool) -> bool:
+    """Ask on the terminal whether to overwrite; with no terminal to ask (a script, CI, or the
+    file itself piped in on stdin) the answer is no."""
+    if file_from_stdin or not sys.stdin.isatty():
+        return False
+    print("overwrite? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _blocked_url_warnings(config: Any, settings: Settings) -> list[str]:
@@ -121,10 +190,78 @@ def _mask(secret: str | None, show: bool) -> str | None:
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.kafka.config_store import load_config
+
+    table, origins = load_config(settings)
+    text = format_config(table, origins=origins, show_secrets=args.show_secrets, as_json=args.json)
+    print(text)
+    return 0
+
+
+def _export(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.kafka.clients import topics_for
     from pipeline.kafka.config_store import load_table
 
-    print(format_config(load_table(settings), show_secrets=args.show_secrets, as_json=args.json))
+    table = load_table(settings)
+    text = format_export(
+        table,
+        exported_at=now_ms(),
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=topics_for(settings).config,
+    )
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    _write_private(args.output, text)
+    print(
+        f"wrote {len(table.sources)} sources and {len(table.destinations)} destinations to "
+        f"{args.output} (mode 0600: it holds secrets)",
+        file=sys.stderr,
+    )
     return 0
+
+
+def format_export(
+    table: ConfigTable, *, exported_at: int, bootstrap_servers: str, topic: str
+) -> str:
+    """What ``config export`` writes: a comment saying when and from where, then the config file
+    (``config_data``) as YAML, short lists and mappings inline as in the documented example."""
+    from pipeline.core.config import config_data
+
+    header = (
+        f"# pipeline config export at {_utc_seconds(exported_at)} from topic {topic} "
+        f"at {bootstrap_servers}; holds secrets\n"
+    )
+    body = yaml.dump(
+        config_data(table),
+        Dumper=_ExportDumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=None,
+    )
+    return header + body
+
+
+class _ExportDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, except that a string holding U+0085 (NEL) is double-quoted, where
+    it is escaped: plain or single-quoted, PyYAML writes it raw and reads it back as a line
+    break, so a name holding one would not survive the export."""
+
+
+def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = '"' if "\x85" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ExportDumper.add_representer(str, _represent_text)
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path``, readable and writable by its owner only: it holds secrets."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(descriptor, 0o600)  # a file that existed keeps its old mode otherwise
+        out.write(text)
 
 
 def _durations(seconds: Sequence[float] | None) -> list[str] | None:
@@ -174,8 +311,38 @@ def _policy_line(d: dict[str, Any]) -> str:
     )
 
 
-def format_config(table: ConfigTable, *, show_secrets: bool = False, as_json: bool = False) -> str:
-    """What ``config show`` prints: tables (a policy line under each destination), or JSON."""
+def _origin_data(origins: Mapping[str, Origin] | None, key: str) -> dict[str, Any]:
+    """``changed_by`` and ``changed_at`` (epoch ms) of the entity ``key``, when origins are known."""
+    if origins is None:
+        return {}
+    origin = origins.get(key)
+    return {
+        "changed_by": None if origin is None else origin.changed_by,
+        "changed_at": None if origin is None else origin.changed_at,
+    }
+
+
+def _origin_line(entity: Mapping[str, Any]) -> list[str]:
+    """``  changed by console:ab12 at 2026-11-23T22:01:05Z``, or nothing when unknown."""
+    if entity.get("changed_by") is None:
+        return []
+    at = entity["changed_at"]
+    return [
+        f"  changed by {entity['changed_by']}" + ("" if at is None else f" at {_utc_seconds(at)}")
+    ]
+
+
+def format_config(
+    table: ConfigTable,
+    *,
+    origins: Mapping[str, Origin] | None = None,
+    show_secrets: bool = False,
+    as_json: bool = False,
+) -> str:
+    """What ``config show`` prints: tables (a policy line under each destination), or JSON.
+
+    With ``origins`` (``load_config``), who last changed each entity, and when, is shown too.
+    """
     import orjson
 
     data: dict[str, list[dict[str, Any]]] = {
@@ -185,11 +352,15 @@ def format_config(table: ConfigTable, *, show_secrets: bool = False, as_json: bo
                 "name": s.name,
                 "write_keys": [_mask(k, show_secrets) for k in s.write_keys],
                 "blocked_events": s.blocked_events,
+                **_origin_data(origins, f"source:{s.id}"),
             }
             for s in sorted(table.sources.values(), key=lambda s: s.id)
         ],
         "destinations": [
-            _destination_data(d, show_secrets)
+            {
+                **_destination_data(d, show_secrets),
+                **_origin_data(origins, f"destination:{d.id}"),
+            }
             for d in sorted(table.destinations.values(), key=lambda d: d.id)
         ],
     }
@@ -201,6 +372,7 @@ def format_config(table: ConfigTable, *, show_secrets: bool = False, as_json: bo
             f"{s['id']:<20} {s['name']:<24} {len(s['write_keys']):<10} "
             f"{', '.join(s['blocked_events']) or '-'}"
         )
+        lines += _origin_line(s)
     lines.append("")
     lines.append(
         f"{'DESTINATION':<20} {'NAME':<12} {'ENABLED':<8} {'SOURCES':<16} {'SIGNED':<7} WEBHOOKS"
@@ -217,4 +389,5 @@ def format_config(table: ConfigTable, *, show_secrets: bool = False, as_json: bo
                 "" if d["disabled_at"] is None else f" since {format_timestamp(d['disabled_at'])}"
             )
             lines.append(f"  disabled: {d['disabled_reason']}{since}")
+        lines += _origin_line(d)
     return "\n".join(lines)

@@ -25,7 +25,8 @@ Durations are ``500ms``, ``10s``, ``5m``, ``4h``, ``7d`` or a number of seconds,
 float seconds.
 
 ``validate_config`` checks every rule and reports every problem at once, each naming its field;
-``ConfigTable`` is an immutable snapshot with the lookups the router and delivery workers need.
+``ConfigTable`` is an immutable snapshot with the lookups the router and delivery workers need;
+``config_data`` turns a table back into the file (``pipeline config export``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "PipelineConfig",
     "ConfigTable",
     "validate_config",
+    "config_data",
     "MAX_WEBHOOKS",
     "MAX_RETRY_DELAYS",
 ]
@@ -404,3 +406,78 @@ class ConfigTable:
     def disabled_destinations(self, source_id: str) -> tuple[Destination, ...]:
         """Disabled destinations connected to the source, ordered by id."""
         return self._disabled_by_source.get(source_id, ())
+
+
+def config_data(table: ConfigTable) -> dict[str, Any]:
+    """The config file of ``table``, as ``yaml.safe_dump`` takes it: ``validate_config`` of it
+    builds models equal to the table's, so exporting then applying it changes nothing.
+
+    Sources, then destinations, each sorted by id, with the keys in the order of the example
+    above. A field at its default is left out, except a destination's ``name`` and ``enabled``
+    (what it is, and whether it is on). Durations are text (``10s``, ``4h``). Secrets are written
+    as they are: this is the file ``config apply`` takes, and one without them would clear them.
+    """
+    return {
+        "sources": [_source_data(s) for s in sorted(table.sources.values(), key=lambda s: s.id)],
+        "destinations": [
+            _destination_data(d) for d in sorted(table.destinations.values(), key=lambda d: d.id)
+        ],
+    }
+
+
+def _present(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without its ``None`` values: the callers map a field at its default to ``None``."""
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def _source_data(source: Source) -> dict[str, Any]:
+    return _present(
+        {
+            "id": source.id,
+            "name": source.name or None,
+            "write_keys": list(source.write_keys) or None,
+            "blocked_events": list(source.blocked_events) or None,
+        }
+    )
+
+
+def _destination_data(dest: Destination) -> dict[str, Any]:
+    retry = dest.retry
+    return _present(
+        {
+            "id": dest.id,
+            "name": dest.name,
+            "enabled": dest.enabled,
+            "sources": list(dest.sources),
+            "shared_secret": dest.shared_secret,
+            "standard_webhooks": dest.standard_webhooks or None,
+            "webhooks": [
+                _present({"url": hook.url, "headers": dict(hook.headers) or None})
+                for hook in dest.webhooks
+            ],
+            "retry": None
+            if retry is None
+            else _present(
+                {
+                    "delays": None
+                    if retry.delays is None
+                    else [_duration_text(delay) for delay in retry.delays],
+                    "deadline": None if retry.deadline is None else _duration_text(retry.deadline),
+                }
+            ),
+            "max_in_flight": dest.max_in_flight,
+            "rate_limit": None if dest.rate_limit is None else _number(dest.rate_limit),
+            "disable_after": None
+            if dest.disable_after is None
+            else _duration_text(dest.disable_after),
+            "disabled_reason": dest.disabled_reason,
+            "disabled_at": dest.disabled_at,
+        }
+    )
+
+
+def _duration_text(seconds: float) -> str | float:
+    """``10s``, ``4h``: the shortest text that reads back as exactly ``seconds``, else the number
+    itself (``1.0004``), which the file also takes as seconds."""
+    text = format_duration(seconds)
+    return text if duration_seconds(text) == seconds else seconds

@@ -1,9 +1,15 @@
-"""The config on Kafka: ``config apply`` writes it, every worker follows it.
+"""The config on Kafka: ``config apply`` and the console write it, every worker follows it.
 
 The compacted topic ``config`` holds one record per entity, keyed ``source:<id>`` or
 ``destination:<id>``; a tombstone (null value) deletes. ``ConfigFollower`` reads the topic from the
 beginning in a background thread, without a consumer group, and keeps following it: a toggle, a new
 URL or a new secret reaches every worker on every machine within about a second.
+
+Three writers share the topic: ``config apply`` (a whole file), the web console (``write_config``,
+one entity at a time) and the deliver role's auto-disable (``destination_record``). Each record
+says who wrote it and when (``changedBy``, ``changedAt``; an ``Origin`` here, not part of the
+models, which describe the config itself): ``config apply`` warns before it overwrites a change
+the others made since the last apply, which would otherwise be lost without anyone noticing.
 
 "Caught up" means every partition reported end-of-partition once. The high watermark is not used:
 the embedded broker's can lag the true end of the log.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +33,7 @@ from pipeline.core.config import (
 )
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
 from pipeline.core.settings import Settings
+from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.errors import Outgoing
@@ -33,17 +41,69 @@ from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import TopicReader
 
-__all__ = ["ConfigFollower", "ApplyPlan", "apply_config", "load_table"]
+__all__ = [
+    "ConfigFollower",
+    "Origin",
+    "ApplyPlan",
+    "APPLY",
+    "PIPELINE",
+    "apply_config",
+    "plan_config",
+    "write_plan",
+    "write_config",
+    "destination_record",
+    "entity_key",
+    "load_config",
+    "load_table",
+]
 
 log = logging.getLogger("pipeline.config")
 
+#: ``changedBy`` of the records ``config apply`` writes.
+APPLY = "apply"
+#: ``changedBy`` of the records the pipeline writes itself (the deliver role's auto-disable).
+PIPELINE = "pipeline"
 
-def _encode_source(source: Source) -> dict[str, Any]:
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who wrote an entity's current record, and when (epoch milliseconds).
+
+    ``changed_by`` is ``"apply"`` (``config apply``), ``"console:<who>"`` (the web console) or
+    ``"pipeline"`` (auto-disable); both are ``None`` for records written before this was kept.
+
+        Origin("console:ab12", 1_795_470_065_000)
+    """
+
+    changed_by: str | None
+    changed_at: int | None
+
+    @property
+    def outside_apply(self) -> bool:
+        """Written by someone other than ``config apply``: an apply would overwrite their change."""
+        return self.changed_by is not None and self.changed_by != APPLY
+
+
+_UNKNOWN_ORIGIN = Origin(None, None)
+
+
+def entity_key(entity: Source | Destination) -> str:
+    """The config topic's key of ``entity``: ``source:web``, ``destination:hooks``."""
+    return f"{'source' if isinstance(entity, Source) else 'destination'}:{entity.id}"
+
+
+def _origin(record: Mapping[str, Any]) -> Origin:
+    return Origin(record["changedBy"], record["changedAt"])
+
+
+def _encode_source(source: Source, origin: Origin) -> dict[str, Any]:
     return {
         "id": source.id,
         "name": source.name,
         "writeKeys": list(source.write_keys),
         "blockedEvents": list(source.blocked_events),
+        "changedBy": origin.changed_by,
+        "changedAt": origin.changed_at,
     }
 
 
@@ -56,7 +116,7 @@ def _decode_source(record: dict[str, Any]) -> Source:
     )
 
 
-def _encode_destination(dest: Destination) -> dict[str, Any]:
+def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
     retry = dest.retry or RetryPolicy()
     return {
         "id": dest.id,
@@ -73,7 +133,15 @@ def _encode_destination(dest: Destination) -> dict[str, Any]:
         "disableAfter": dest.disable_after,
         "disabledReason": dest.disabled_reason,
         "disabledAt": dest.disabled_at,
+        "changedBy": origin.changed_by,
+        "changedAt": origin.changed_at,
     }
+
+
+def _encode(codec: RecordCodec, entity: Source | Destination, origin: Origin) -> bytes:
+    if isinstance(entity, Source):
+        return codec.encode("Source", _encode_source(entity, origin))
+    return codec.encode("Destination", _encode_destination(entity, origin))
 
 
 def _decode_destination(record: dict[str, Any]) -> Destination:
@@ -100,6 +168,7 @@ class ConfigFollower:
     follower = ConfigFollower(settings).start()
     follower.wait_ready(timeout=30)
     follower.table.enabled_destinations("web")
+    follower.origin("destination:hooks")  # Origin(changed_by="apply", changed_at=...)
     """
 
     def __init__(self, settings: Settings, *, codec: RecordCodec | None = None) -> None:
@@ -108,7 +177,10 @@ class ConfigFollower:
         self._topic = topics_for(settings).config
         self._sources: dict[str, Source] = {}
         self._destinations: dict[str, Destination] = {}
-        self._table = ConfigTable.build((), ())
+        self._origins: dict[str, Origin] = {}
+        # The table and its entities' origins, published as one reference so that a reader in
+        # another thread never pairs a table with the origins of another version.
+        self._snapshot: tuple[ConfigTable, dict[str, Origin]] = (ConfigTable.build((), ()), {})
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="config-follower", daemon=True)
@@ -116,7 +188,17 @@ class ConfigFollower:
 
     @property
     def table(self) -> ConfigTable:
-        return self._table
+        return self._snapshot[0]
+
+    @property
+    def origins(self) -> Mapping[str, Origin]:
+        """Who wrote each entity's current record, by key (``source:web``), as of ``table``."""
+        return self._snapshot[1]
+
+    def origin(self, key: str) -> Origin | None:
+        """Who wrote the current record of ``key`` (``destination:hooks``), as of ``table``;
+        ``None`` if there is no such entity."""
+        return self._snapshot[1].get(key)
 
     def start(self) -> ConfigFollower:
         self._thread.start()
@@ -128,7 +210,7 @@ class ConfigFollower:
                 f"could not read the config topic {self._topic!r} within {timeout:.0f} s "
                 f"(is the broker at {self._settings.bootstrap_servers} up, and were topics created?)"
             )
-        return self._table
+        return self.table
 
     def stop(self) -> None:
         self._stop.set()
@@ -173,44 +255,57 @@ class ConfigFollower:
         return []
 
     def _apply_record(self, key: bytes | None, value: bytes | None) -> bool:
-        kind, _, ident = (key or b"").decode(errors="replace").partition(":")
+        text = (key or b"").decode(errors="replace")
+        kind, _, ident = text.partition(":")
+        if kind not in ("source", "destination"):
+            log.error("config record with unknown key %r ignored", key)
+            return False
+        if value is None:
+            self._origins.pop(text, None)
+            if kind == "source":
+                return self._sources.pop(ident, None) is not None
+            return self._destinations.pop(ident, None) is not None
         try:
             if kind == "source":
-                if value is None:
-                    return self._sources.pop(ident, None) is not None
-                self._sources[ident] = _decode_source(self._codec.decode("Source", value))
-                return True
-            if kind == "destination":
-                if value is None:
-                    return self._destinations.pop(ident, None) is not None
+                record = self._codec.decode("Source", value)
+                self._sources[ident] = _decode_source(record)
+            else:
                 record = self._codec.decode("Destination", value)
                 self._destinations[ident] = _decode_destination(record)
-                return True
         except (UndecodableRecord, ValueError) as exc:
             log.error("config record %r ignored: %s", key, exc)
             return False
-        log.error("config record with unknown key %r ignored", key)
-        return False
+        self._origins[text] = _origin(record)
+        return True
 
     def _rebuild(self) -> None:
-        self._table = ConfigTable.build(self._sources.values(), self._destinations.values())
+        table = ConfigTable.build(self._sources.values(), self._destinations.values())
+        self._snapshot = (table, dict(self._origins))
         self.version += 1
 
 
-def destination_record(topic: str, codec: RecordCodec, destination: Destination) -> Outgoing:
-    """The config topic's record of ``destination``: one change written by the pipeline itself
-    (auto-disable), the same record ``config apply`` writes."""
-    key = f"destination:{destination.id}".encode()
-    return (topic, key, codec.encode("Destination", _encode_destination(destination)))
+def destination_record(
+    topic: str, codec: RecordCodec, destination: Destination, *, changed_by: str = PIPELINE
+) -> Outgoing:
+    """The config topic's record of ``destination``, written by ``changed_by`` now: one change
+    the pipeline makes itself (auto-disable), the same record ``config apply`` writes."""
+    key = entity_key(destination).encode()
+    return (topic, key, _encode(codec, destination, Origin(changed_by, now_ms())))
+
+
+def load_config(settings: Settings, timeout: float = 30.0) -> tuple[ConfigTable, dict[str, Origin]]:
+    """Read the whole config topic once: the table, and who wrote each entity, by key."""
+    follower = ConfigFollower(settings).start()
+    try:
+        follower.wait_ready(timeout)
+        return follower._snapshot
+    finally:
+        follower.stop()
 
 
 def load_table(settings: Settings, timeout: float = 30.0) -> ConfigTable:
     """Read the whole config topic once and return the table."""
-    follower = ConfigFollower(settings).start()
-    try:
-        return follower.wait_ready(timeout)
-    finally:
-        follower.stop()
+    return load_config(settings, timeout)[0]
 
 
 @dataclass
@@ -221,6 +316,11 @@ class ApplyPlan:
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    #: Entities it updates or deletes whose current record someone other than ``config apply``
+    #: wrote (the console, auto-disable), with who and when: applying overwrites their change.
+    overwrites: dict[str, Origin] = field(default_factory=dict)
+    #: The records to write, by key: the entity, or ``None`` to delete it.
+    writes: list[tuple[str, Source | Destination | None]] = field(default_factory=list, repr=False)
 
     @property
     def changes(self) -> int:
@@ -228,33 +328,57 @@ class ApplyPlan:
 
 
 def _plan(
-    current: ConfigTable, config: PipelineConfig, *, prune: bool, codec: RecordCodec
-) -> tuple[ApplyPlan, list[tuple[str, bytes | None]]]:
+    current: ConfigTable, origins: Mapping[str, Origin], config: PipelineConfig, *, prune: bool
+) -> ApplyPlan:
     plan = ApplyPlan()
-    writes: list[tuple[str, bytes | None]] = []
-    desired: dict[str, tuple[Any, Any]] = {}
+
+    def overwriting(key: str) -> None:
+        origin = origins.get(key, _UNKNOWN_ORIGIN)
+        if origin.outside_apply:
+            plan.overwrites[key] = origin
+
+    desired: dict[str, tuple[Source | Destination, Source | Destination | None]] = {}
     for source in config.sources:
-        desired[f"source:{source.id}"] = (source, current.sources.get(source.id))
+        desired[entity_key(source)] = (source, current.sources.get(source.id))
     for dest in config.destinations:
-        desired[f"destination:{dest.id}"] = (dest, current.destinations.get(dest.id))
+        desired[entity_key(dest)] = (dest, current.destinations.get(dest.id))
     for key, (new, old) in desired.items():
         if old == new:
             plan.unchanged.append(key)
             continue
-        (plan.updated if old is not None else plan.created).append(key)
-        if isinstance(new, Source):
-            writes.append((key, codec.encode("Source", _encode_source(new))))
+        if old is None:
+            plan.created.append(key)
         else:
-            writes.append((key, codec.encode("Destination", _encode_destination(new))))
+            plan.updated.append(key)
+            overwriting(key)
+        plan.writes.append((key, new))
     if prune:
-        existing = [f"source:{i}" for i in current.sources] + [
-            f"destination:{i}" for i in current.destinations
-        ]
-        for key in existing:
+        existing: list[Source | Destination] = [*current.sources.values()]
+        existing += current.destinations.values()
+        for key in map(entity_key, existing):
             if key not in desired:
                 plan.deleted.append(key)
-                writes.append((key, None))
-    return plan, writes
+                overwriting(key)
+                plan.writes.append((key, None))
+    return plan
+
+
+def plan_config(
+    settings: Settings, config: PipelineConfig, *, prune: bool = True, timeout: float = 30.0
+) -> ApplyPlan:
+    """What applying ``config`` would change, against the config topic as it is now; with
+    ``prune``, entities the file lacks are deleted. ``plan.overwrites`` names the changes made
+    outside ``config apply`` that it would overwrite."""
+    current, origins = load_config(settings, timeout)
+    return _plan(current, origins, config, prune=prune)
+
+
+def write_plan(settings: Settings, plan: ApplyPlan, *, timeout: float = 30.0) -> None:
+    """Write ``plan``'s changes as ``config apply``'s (``changedBy="apply"``, now).
+
+    Every write is acknowledged by Kafka before this returns; ``BrokerUnavailable`` otherwise.
+    """
+    _write(settings, plan.writes, Origin(APPLY, now_ms()), timeout=timeout, what="the config")
 
 
 def apply_config(
@@ -267,25 +391,69 @@ def apply_config(
 ) -> ApplyPlan:
     """Make the config topic hold ``config``; with ``prune``, delete entities the file lacks.
 
+    It overwrites whatever the console or auto-disable changed (``plan.overwrites`` says what);
+    to ask first, as ``config apply`` does, call ``plan_config`` and then ``write_plan``.
     Every write is acknowledged by Kafka before this returns.
     """
+    plan = plan_config(settings, config, prune=prune, timeout=timeout)
+    if not dry_run:
+        write_plan(settings, plan, timeout=timeout)
+    return plan
+
+
+def write_config(
+    settings: Settings,
+    entities: Sequence[Source | Destination],
+    *,
+    changed_by: str,
+    timeout: float = 30.0,
+) -> None:
+    """Write ``entities`` as one change by ``changed_by`` (the console: ``"console:<who>"``),
+    stamped with the time, sources first.
+
+    Every record is acknowledged by Kafka before this returns; ``BrokerUnavailable`` otherwise.
+    The records are written as given: checking that they still make a valid config with the
+    rest (a destination's sources exist, write keys stay unique) is the caller's job.
+    ``"apply"`` is refused as ``changed_by``: it would hide this change from ``config apply``'s
+    warning about overwriting changes made outside it.
+    """
+    if not changed_by or changed_by == APPLY:
+        raise ValueError(
+            f"changed_by: {changed_by!r} cannot be used; name the writer, e.g. 'console:<who>' "
+            f"({APPLY!r} is reserved for config apply)"
+        )
+    writes = [(entity_key(entity), entity) for entity in entities]
+    what = ", ".join(key for key, _ in writes)
+    _write(settings, writes, Origin(changed_by, now_ms()), timeout=timeout, what=what)
+
+
+def _write(
+    settings: Settings,
+    writes: Iterable[tuple[str, Source | Destination | None]],
+    origin: Origin,
+    *,
+    timeout: float,
+    what: str,
+) -> None:
+    """Produce ``writes`` (``None``: a tombstone) stamped with ``origin`` and wait for Kafka's
+    acknowledgements; ``BrokerUnavailable`` naming ``what`` if any is missing or refused."""
     codec = make_codec(settings)
-    current = load_table(settings, timeout)
-    plan, writes = _plan(current, config, prune=prune, codec=codec)
-    if dry_run or not writes:
-        return plan
+    records = [
+        (key, None if entity is None else _encode(codec, entity, origin)) for key, entity in writes
+    ]
+    if not records:
+        return
     producer = AckedProducer(settings)
     topic = topics_for(settings).config
     # Sources first, so a worker never sees a destination whose source it does not know yet.
-    for key, value in sorted(writes, key=lambda kv: not kv[0].startswith("source:")):
+    for key, value in sorted(records, key=lambda kv: not kv[0].startswith("source:")):
         producer.produce(topic, key.encode(), value)
     try:
         producer.flush(timeout)
     except BrokerUnavailable as exc:
-        raise BrokerUnavailable(f"the config was not fully written: {exc}") from None
+        raise BrokerUnavailable(f"{what} was not fully written: {exc}") from None
     if producer.failed:
         raise BrokerUnavailable(
-            "the config was not fully written: "
+            f"{what} was not fully written: "
             + "; ".join(f"{failure.record[1]!r}: {failure}" for failure in producer.failed)
         )
-    return plan

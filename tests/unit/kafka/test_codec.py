@@ -44,7 +44,8 @@ def header_for(schema: dict[str, Any]) -> bytes:
 SOURCE_CANONICAL = (
     '{"name":"pipeline.config.Source","type":"record","fields":[{"name":"id","type":"string"},'
     '{"name":"name","type":"string"},{"name":"writeKeys","type":{"type":"array","items":"string"}},'
-    '{"name":"blockedEvents","type":{"type":"array","items":"string"}}]}'
+    '{"name":"blockedEvents","type":{"type":"array","items":"string"}},'
+    '{"name":"changedBy","type":["null","string"]},{"name":"changedAt","type":["null","long"]}]}'
 )
 
 
@@ -69,7 +70,14 @@ def test_single_object_header(codec: Codec) -> None:
     assert data[2:10] == rabin(SOURCE_CANONICAL.encode()).to_bytes(8, "little")
     # the body is plain Avro binary of the schema
     body = fastavro.schemaless_reader(io.BytesIO(data[10:]), codec.schema("Source"), None)
-    assert body == {"id": "web", "name": "Website", "writeKeys": [], "blockedEvents": []}
+    assert body == {
+        "id": "web",
+        "name": "Website",
+        "writeKeys": [],
+        "blockedEvents": [],
+        "changedBy": None,
+        "changedAt": None,
+    }
 
 
 @pytest.mark.parametrize("name", ["Call", "Delivery", "DeadLetter", "Source", "Destination"])
@@ -144,7 +152,14 @@ RECORDS: dict[str, dict[str, Any]] = {
         "delivery": DELIVERY,
         "raw": None,
     },
-    "Source": {"id": "web", "name": "Website", "writeKeys": ["wk1"], "blockedEvents": ["Debug"]},
+    "Source": {
+        "id": "web",
+        "name": "Website",
+        "writeKeys": ["wk1"],
+        "blockedEvents": ["Debug"],
+        "changedBy": "apply",
+        "changedAt": 1_795_470_065_000,
+    },
     "Destination": {
         "id": "hooks-1",
         "name": "Webhooks",
@@ -163,8 +178,14 @@ RECORDS: dict[str, dict[str, Any]] = {
         "disableAfter": 86400.0,
         "disabledReason": "every attempt failed for 24h",
         "disabledAt": 1_795_273_500_000,
+        "changedBy": "console:ab12",
+        "changedAt": 1_795_470_065_000,
     },
 }
+
+#: Source and Destination fields added after schemas/history/source.v1.avsc and
+#: destination.v3.avsc (who wrote the record, and when), with their defaults.
+ORIGIN_DEFAULTS = {"changedBy": None, "changedAt": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -191,7 +212,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
     record = {
         k: v
         for k, v in RECORDS["Destination"].items()
-        if k not in ("standardWebhooks", "rateLimit", *DESTINATION_V3_DEFAULTS)
+        if k not in ("standardWebhooks", "rateLimit", *DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS)
     }
     out = io.BytesIO()
     out.write(MAGIC + _fingerprint(old))
@@ -202,6 +223,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         "standardWebhooks": False,
         "rateLimit": None,
         **DESTINATION_V3_DEFAULTS,
+        **ORIGIN_DEFAULTS,
     }
 
 
@@ -212,9 +234,26 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
     disable_after) and the auto-disable state."""
     old = json.loads((schema_dir() / "history" / "destination.v2.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(DESTINATION_V3_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in DESTINATION_V3_DEFAULTS}
+    record = {
+        k: v
+        for k, v in RECORDS["Destination"].items()
+        if k not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS)
+    }
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **DESTINATION_V3_DEFAULTS}
+    assert decoded == {**record, **DESTINATION_V3_DEFAULTS, **ORIGIN_DEFAULTS}
+
+
+@pytest.mark.parametrize(
+    ("name", "shipped"), [("Source", "source.v1"), ("Destination", "destination.v3")]
+)
+def test_a_config_record_written_before_origins_decodes_without_one(
+    codec: Codec, name: str, shipped: str
+) -> None:
+    """schemas/history/source.v1.avsc and destination.v3.avsc predate changedBy and changedAt."""
+    old = json.loads((schema_dir() / "history" / f"{shipped}.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(ORIGIN_DEFAULTS)
+    record = {k: v for k, v in RECORDS[name].items() if k not in ORIGIN_DEFAULTS}
+    assert codec.decode(name, write_with(old, record)) == {**record, **ORIGIN_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))
@@ -332,7 +371,13 @@ def test_an_older_source_schema_still_decodes() -> None:
     decoded = codec.decode(
         "Source", write_with(old, {"id": "web", "name": "W", "writeKeys": ["k"]})
     )
-    assert decoded == {"id": "web", "name": "W", "writeKeys": ["k"], "blockedEvents": []}
+    assert decoded == {
+        "id": "web",
+        "name": "W",
+        "writeKeys": ["k"],
+        "blockedEvents": [],
+        **ORIGIN_DEFAULTS,
+    }
 
 
 # ---- undecodable input -----------------------------------------------------------------------------

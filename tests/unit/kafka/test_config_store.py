@@ -1,4 +1,5 @@
-"""Unit tests for pipeline.kafka.config_store: a Destination survives its trip through Avro."""
+"""Unit tests for pipeline.kafka.config_store: a Destination survives its trip through Avro, with
+who wrote it; an apply plan names the changes made outside apply that it would overwrite."""
 
 from __future__ import annotations
 
@@ -10,9 +11,28 @@ import fastavro
 import fastavro.schema
 import pytest
 
-from pipeline.core.config import Destination, RetryPolicy, Webhook
+from pipeline.core.config import (
+    ConfigTable,
+    Destination,
+    PipelineConfig,
+    RetryPolicy,
+    Source,
+    Webhook,
+)
+from pipeline.core.settings import Settings
+from pipeline.core.timestamps import now_ms
 from pipeline.kafka.codec import MAGIC, Codec, schema_dir
-from pipeline.kafka.config_store import _decode_destination, _encode_destination
+from pipeline.kafka.config_store import (
+    Origin,
+    _decode_destination,
+    _encode_destination,
+    _origin,
+    _plan,
+    destination_record,
+    write_config,
+)
+
+APPLIED = Origin("apply", 1_795_470_065_000)
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +41,8 @@ def codec() -> Codec:
 
 
 def through_kafka(codec: Codec, dest: Destination) -> Destination:
-    return _decode_destination(
-        codec.decode("Destination", codec.encode("Destination", _encode_destination(dest)))
-    )
+    encoded = codec.encode("Destination", _encode_destination(dest, APPLIED))
+    return _decode_destination(codec.decode("Destination", encoded))
 
 
 FULL = Destination(
@@ -88,3 +107,87 @@ def test_a_v2_record_decodes_to_a_destination_without_a_policy(codec: Codec) -> 
     assert dest.disable_after is None
     assert dest.disabled_reason is None
     assert dest.disabled_at is None
+
+
+def test_who_wrote_a_record_and_when_round_trips(codec: Codec) -> None:
+    console = Origin("console:ab12", 1_795_470_065_000)
+    encoded = codec.encode("Destination", _encode_destination(FULL, console))
+    record = codec.decode("Destination", encoded)
+    assert _origin(record) == console
+    assert _decode_destination(record) == FULL  # the models do not carry it
+
+
+@pytest.mark.parametrize(
+    ("origin", "outside"),
+    [
+        (Origin("apply", 1), False),
+        (Origin(None, None), False),
+        (Origin("console:ab12", 1), True),
+        (Origin("pipeline", 1), True),
+    ],
+)
+def test_only_a_writer_other_than_apply_counts_as_outside_apply(
+    origin: Origin, outside: bool
+) -> None:
+    assert origin.outside_apply is outside
+
+
+SOURCE = Source(id="web", write_keys=["wk"])
+PLAIN = Destination(id="plain", sources=["web"], webhooks=[Webhook(url="https://example.org/")])
+CURRENT = ConfigTable.build([SOURCE], [FULL, PLAIN])
+CONSOLE = Origin("console:ab12", 1_795_470_065_000)
+
+
+def test_the_plan_names_the_changes_made_outside_apply_that_it_overwrites() -> None:
+    origins = {
+        "source:web": APPLIED,
+        "destination:hooks": CONSOLE,
+        "destination:plain": Origin("pipeline", 1_795_470_000_000),
+    }
+    toggled = FULL.model_copy(update={"enabled": False})
+    plan = _plan(
+        CURRENT, origins, PipelineConfig(sources=[SOURCE], destinations=[toggled]), prune=True
+    )
+    assert (plan.updated, plan.deleted, plan.unchanged) == (
+        ["destination:hooks"],
+        ["destination:plain"],
+        ["source:web"],
+    )
+    assert plan.overwrites == {
+        "destination:hooks": CONSOLE,
+        "destination:plain": Origin("pipeline", 1_795_470_000_000),
+    }
+    assert plan.writes == [("destination:hooks", toggled), ("destination:plain", None)]
+
+
+def test_leaving_a_console_change_as_it_is_overwrites_nothing() -> None:
+    origins = {"source:web": CONSOLE, "destination:hooks": CONSOLE, "destination:plain": CONSOLE}
+    config = PipelineConfig(sources=[SOURCE.model_copy()], destinations=[FULL, PLAIN])
+    plan = _plan(CURRENT, origins, config, prune=True)
+    assert plan.unchanged == ["source:web", "destination:hooks", "destination:plain"]
+    assert (plan.overwrites, plan.writes) == ({}, [])
+
+
+def test_records_from_apply_or_from_before_origins_were_kept_are_overwritten_silently() -> None:
+    origins = {"source:web": Origin(None, None), "destination:hooks": APPLIED}
+    config = PipelineConfig(
+        sources=[SOURCE.model_copy(update={"name": "Website"})],
+        destinations=[FULL.model_copy(update={"enabled": False})],
+    )
+    plan = _plan(CURRENT, origins, config, prune=False)
+    assert plan.updated == ["source:web", "destination:hooks"]
+    assert plan.overwrites == {}
+
+
+@pytest.mark.parametrize("changed_by", ["", "apply"])
+def test_write_config_refuses_to_pass_for_config_apply(changed_by: str) -> None:
+    with pytest.raises(ValueError, match="changed_by: .* is reserved for config apply"):
+        write_config(Settings(), [SOURCE], changed_by=changed_by)
+
+
+def test_the_pipelines_own_change_is_stamped_as_the_pipelines(codec: Codec) -> None:
+    before = now_ms()
+    topic, key, value = destination_record("config", codec, FULL)
+    origin = _origin(codec.decode("Destination", value))
+    assert (topic, key, origin.changed_by) == ("config", b"destination:hooks", "pipeline")
+    assert origin.changed_at is not None and before <= origin.changed_at <= now_ms()
