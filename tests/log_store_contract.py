@@ -797,6 +797,30 @@ class LogStoreContract:
         assert {j.message_id for j in store.log(LogQuery())} == {"m7"}
         assert store.expire(T0 + MIN) == 0
 
+    def test_hourly_figures_per_destination(self, store: LogStore, feed: Feed):
+        rows = [
+            routed("a", ("crm",), T0),
+            attempt("a", "crm", T0 + S),  # hour 0: delivered
+            routed("b", ("crm",), T0 + HOUR + S),
+            failed("b", "crm", T0 + HOUR + 2 * S),  # hour 1: one failed attempt, ...
+            attempt(
+                "b",
+                "crm",
+                T0 + HOUR + 3 * S,
+                status=404,
+                error="client_error",
+                then="dead_lettered",
+                reason="client_error",
+            ),  # ... then a failed one that dead-letters
+            routed("c", ("ads",), T0 - HOUR),
+            attempt("c", "ads", T0 - HOUR + S),  # before the window
+        ]
+        store.write(feed(*rows))
+        hourly = store.hourly(T0, T0 + 2 * HOUR)
+        assert hourly == {"crm": [(T0, 1, 0, 0), (T0 + HOUR, 0, 2, 1)]}
+        assert store.hourly(T0 - HOUR, T0)["ads"] == [(T0 - HOUR, 1, 0, 0)]
+        assert store.hourly(T0 + 2 * HOUR) == {}
+
     # ---- event names ---------------------------------------------------------------------------
 
     def test_event_names_of_a_source(self, store: LogStore, feed: Feed):

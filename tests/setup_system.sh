@@ -5,6 +5,8 @@
 #   docker-compose         `docker-compose config` validates docker-compose.yml without an engine
 #   postgresql             initdb and postgres for the log store's PostgreSQL tests, which start a
 #                          throwaway server of their own (tests/pg_server.py) as user postgres
+#   chromium               the console's browser tests (Playwright drives this browser: no
+#   chromium-driver        download); chromedriver for anyone who drives it with Selenium
 #
 # Run as root (CI is). The packages' services are never started: a policy-rc.d that refuses is in
 # place for the install (the one Docker images ship already does; otherwise one is added and removed).
@@ -20,6 +22,8 @@ fi
 if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && ! command -v initdb >/dev/null 2>&1; then
     missing+=(postgresql)
 fi
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

@@ -23,6 +23,7 @@ from pipeline.commands import (
     audience,
     broker,
     config,
+    console,
     delete_user,
     dev,
     dlq,
@@ -59,6 +60,7 @@ COMMANDS = (
     dlq,
     delete_user,
     audience,
+    console,
     ingest,
     receiver,
 )

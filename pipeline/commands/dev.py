@@ -123,7 +123,9 @@ async def _post_through_ingest(url: str) -> None:
                 )
 
 
-async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_port: int) -> None:
+async def _dev(
+    settings: Settings, receiver_port: int, broker_port: int, ingest_port: int, console_port: int
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,6 +137,7 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
     settings = settings.replace(bootstrap_servers=broker.bootstrap_servers)
     runner: web.AppRunner | None = None
     ingest: web.AppRunner | None = None
+    console: web.AppRunner | None = None
     worker: asyncio.Task[None] | None = None
     try:
         await asyncio.to_thread(wait_for_broker, settings)
@@ -174,6 +177,9 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
             f"▸ ingestion API on {ingest_url} (Segment-compatible: point any Segment library at it)"
         )
 
+        console, console_note = await _start_console(settings, console_port)
+        _say(console_note)
+
         table = await asyncio.to_thread(load_table, settings)
         lines = [orjson.dumps(call) for call in DEMO_CALLS]
         started = time.monotonic()
@@ -211,6 +217,8 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
         if worker is not None:
             with contextlib.suppress(Exception):
                 await worker
+        if console is not None:
+            await console.cleanup()
         if ingest is not None:
             await ingest.cleanup()
         if runner is not None:
@@ -220,6 +228,23 @@ async def _dev(settings: Settings, receiver_port: int, broker_port: int, ingest_
         logging.getLogger("pipeline.rdkafka").setLevel(logging.ERROR)
         await asyncio.to_thread(broker.stop)
         _say("▸ stopped.")
+
+
+async def _start_console(settings: Settings, port: int) -> tuple[web.AppRunner, str]:
+    """The web console on loopback; its password is ``PIPELINE_CONSOLE_PASSWORD`` or made up."""
+    from pipeline.commands.console import PASSWORD_ENV, console_password
+    from pipeline.http.console import make_console_app
+
+    password, made_up = console_password("127.0.0.1")
+    runner = web.AppRunner(make_console_app(settings, password=password), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    shown = (
+        f"password {password} (made up; set {PASSWORD_ENV} to choose)"
+        if made_up
+        else (f"password from {PASSWORD_ENV}")
+    )
+    return runner, f"▸ web console on http://127.0.0.1:{port} ({shown})"
 
 
 def _fresh_log_store(settings: Settings) -> None:
@@ -244,6 +269,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--receiver-port", type=int, default=8090)
     parser.add_argument("--broker-port", type=int, default=9092)
     parser.add_argument("--ingest-port", type=int, default=8080)
+    parser.add_argument("--console-port", type=int, default=8070)
     parser.set_defaults(run=run)
 
 
@@ -253,6 +279,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         receiver_port=args.receiver_port,
         broker_port=args.broker_port,
         ingest_port=args.ingest_port,
+        console_port=args.console_port,
     )
     return 0
 
@@ -263,6 +290,7 @@ def run_dev(
     receiver_port: int = 8090,
     broker_port: int = 9092,
     ingest_port: int = 8080,
+    console_port: int = 8070,
 ) -> None:
     settings = settings.replace(
         session_timeout=settings.session_timeout or 6.0,
@@ -279,5 +307,6 @@ def run_dev(
             free_port_or(receiver_port),
             free_port_or(broker_port),
             free_port_or(ingest_port),
+            free_port_or(console_port),
         )
     )

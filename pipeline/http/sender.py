@@ -34,6 +34,7 @@ import asyncio
 import socket
 import ssl
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,12 +50,26 @@ from pipeline.core.rate_limit import TokenBucket
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 
-__all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver"]
+__all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
 
 #: Seed §2.2 and §9.3: ``<product_token>/1.0``.
 USER_AGENT = "pipeline-webhooks/1.0"
 #: How much of a response body we read (and keep a little of, for the dead-letter record).
 _MAX_RESPONSE_BYTES = 64 * 1024
+#: How much of a test event's answer the console shows.
+PROBE_BODY_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One POST's whole answer (the console's test event); ``error`` when none came."""
+
+    url: str
+    status: int | None
+    headers: list[tuple[str, str]]
+    body: str
+    seconds: float
+    error: str | None = None
 _DETAIL_CHARS = 200
 
 
@@ -241,10 +256,11 @@ class WebhookSender:
             raise BlockedAddressError(refusal)
         return socket.socket(family=family, type=kind, proto=proto)
 
-    def _signed_headers(
+    def signed_headers(
         self, destination: Destination, body: bytes, message_id: str
     ) -> dict[str, str]:
-        """The headers every webhook of ``destination`` gets for ``body`` (signed once)."""
+        """The headers every webhook of ``destination`` gets for ``body`` (signed once): content
+        type, user agent, and the signature when the destination has a secret."""
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if destination.shared_secret:
             headers[SIGNATURE_HEADER] = sign(body, destination.shared_secret)
@@ -267,7 +283,7 @@ class WebhookSender:
             wait = self._bucket(destination, destination.rate_limit).reserve()
             if wait > 0:
                 await asyncio.sleep(wait)
-        signed = self._signed_headers(destination, body, message_id)
+        signed = self.signed_headers(destination, body, message_id)
         hooks = destination.webhooks
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
@@ -442,6 +458,33 @@ class WebhookSender:
             except TimeoutError:
                 if target.silent(time.monotonic(), after):
                     return False
+
+    async def probe(self, url: str, headers: dict[str, str], body: bytes) -> Probe:
+        """POST once, outside every circuit and limit, and keep the whole answer: the console's
+        test event. Guarded like every delivery (blocked addresses, no redirects, no cookies)."""
+        assert self._session is not None, "WebhookSender.start() was not awaited"
+        started = time.monotonic()
+        target = self._new_target(url)
+        if target.failure is not None:
+            return Probe(url, None, [], "", 0.0, target.detail)
+        try:
+            async with self._session.post(
+                url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                text = await response.content.read(_MAX_RESPONSE_BYTES)
+                return Probe(
+                    url,
+                    response.status,
+                    list(response.headers.items()),
+                    text[:PROBE_BODY_BYTES].decode("utf-8", "replace"),
+                    time.monotonic() - started,
+                )
+        except TimeoutError:
+            error = f"no answer within {self._settings.delivery_timeout:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+            error = str(cause) if isinstance(cause, BlockedAddressError) else _describe(exc)
+        return Probe(url, None, [], "", time.monotonic() - started, error)
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> UrlResult:
         assert self._session is not None, "WebhookSender.start() was not awaited"

@@ -13,16 +13,25 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from confluent_kafka import Message
 
+from pipeline.core.exceptions import UndecodableRecord
+from pipeline.core.settings import Settings
+from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.registry_codec import make_codec
+from pipeline.kafka.topic_reader import TopicFollower
 
-__all__ = ["EventEmitter", "EventKind"]
+__all__ = ["EventEmitter", "EventKind", "EventLog", "OperationalEvent"]
 
 log = logging.getLogger("pipeline.events")
 
@@ -32,6 +41,8 @@ class EventKind:
     CIRCUIT_CLOSED = "circuit_closed"
     DESTINATION_DISABLED = "destination_disabled"
     DEAD_LETTERS = "dead_letters"
+    #: A person changed the config in the console (``data``: the session and the fields).
+    CONSOLE_CHANGE = "console_change"
 
 
 class EventEmitter:
@@ -69,3 +80,89 @@ class EventEmitter:
     async def aclose(self, timeout: float = 5.0) -> None:
         if self._sending:
             await asyncio.wait(self._sending, timeout=timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationalEvent:
+    id: str
+    kind: str
+    at: int
+    destination: str | None
+    detail: str
+    data: dict[str, Any]
+    process: str
+
+
+class EventLog:
+    """Follows ``pipeline.events``: the latest events about each destination and source (a
+    console change names its entity in ``data``), and whether any process has a destination's
+    circuits open now (the console reads it).
+
+    A destination's circuits are open while any process's latest circuit event for it is
+    ``circuit_opened``: every delivery worker reports its own circuits.
+    """
+
+    def __init__(self, settings: Settings, *, keep: int = 50) -> None:
+        self._codec = make_codec(settings)
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._latest: dict[str, deque[OperationalEvent]] = {}
+        self._circuits: dict[str, dict[str, bool]] = {}
+        self._follower = TopicFollower(
+            settings, topics_for(settings).events, self._take, name="events"
+        )
+
+    def start(self) -> EventLog:
+        self._follower.start()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        self._follower.wait_ready(timeout)
+
+    def stop(self) -> None:
+        self._follower.stop()
+
+    def of(self, entity: str) -> list[OperationalEvent]:
+        """The latest events about ``entity`` (``destination:hooks``, ``source:web``), newest
+        first."""
+        with self._lock:
+            return list(reversed(self._latest.get(entity, ())))
+
+    def circuits_open(self, destination: str) -> bool:
+        with self._lock:
+            return any(self._circuits.get(destination, {}).values())
+
+    def _take(self, records: list[Message]) -> None:
+        for message in records:
+            value = message.value()
+            if value is None:
+                continue
+            try:
+                record = self._codec.decode("OperationalEvent", value)
+                data = orjson.loads(record["data"] or "{}")
+            except (UndecodableRecord, orjson.JSONDecodeError) as exc:
+                log.warning("operational event ignored: %s", exc)
+                continue
+            event = OperationalEvent(
+                record["id"],
+                record["kind"],
+                record["at"],
+                record["destination"],
+                record["detail"],
+                data if isinstance(data, dict) else {},
+                record["process"],
+            )
+            entity = event.data.get("entity") or (
+                f"destination:{event.destination}" if event.destination else None
+            )
+            if not isinstance(entity, str):
+                continue
+            with self._lock:
+                latest = self._latest.setdefault(entity, deque(maxlen=self._keep))
+                latest.append(event)
+                if event.destination and event.kind in (
+                    EventKind.CIRCUIT_OPENED,
+                    EventKind.CIRCUIT_CLOSED,
+                ):
+                    processes = self._circuits.setdefault(event.destination, {})
+                    processes[event.process] = event.kind == EventKind.CIRCUIT_OPENED

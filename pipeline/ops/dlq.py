@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,8 @@ class DlqFilter:
     reason: str | None = None
     since: int | None = None
     until: int | None = None
+    #: Only these dead letters (their ids), e.g. the ones ticked in the console.
+    ids: frozenset[str] | None = None
 
     def matches(self, letter: DeadLetter) -> bool:
         delivery = letter.delivery
@@ -56,6 +59,7 @@ class DlqFilter:
             and (self.reason is None or letter.reason == self.reason)
             and (self.since is None or at >= self.since)
             and (self.until is None or at <= self.until)
+            and (self.ids is None or letter.id in self.ids)
         )
 
 
@@ -104,9 +108,18 @@ class ReplaySummary:
 
 
 def replay_dead_letters(
-    settings: Settings, selection: DlqFilter, *, dry_run: bool = False, timeout: float = 30.0
+    settings: Settings,
+    selection: DlqFilter,
+    *,
+    dry_run: bool = False,
+    timeout: float = 30.0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReplaySummary:
-    """Re-enqueue the selected dead letters that were not replayed before."""
+    """Re-enqueue the selected dead letters that were not replayed before.
+
+    ``progress(done, total)`` is told after each record is handed to the producer; nothing is
+    visible to the workers until the transaction commits at the end (all or none).
+    """
     summary = ReplaySummary()
     for entry in list_dead_letters(settings, selection):
         if entry.replayed_at is not None:
@@ -124,8 +137,9 @@ def replay_dead_letters(
     now = now_ms()
     summary.replay_id = f"dlq-{uuid.uuid4().hex[:12]}"
     logged = []
+    total = len(summary.replayed)
     with producer.transaction(timeout, what="replay"):
-        for entry in summary.replayed:
+        for done, entry in enumerate(summary.replayed, 1):
             delivery, marker = replay(entry.dead_letter, now)
             key = f"{delivery.destination_id}/{delivery.message_id}".encode()
             value = codec.encode("Delivery", delivery_to_record(delivery))
@@ -135,6 +149,8 @@ def replay_dead_letters(
                 marker.dead_letter_id.encode(),
                 codec.encode("Replay", replay_to_record(marker)),
             )
+            if progress is not None:
+                progress(done, total)
             if settings.log:
                 replayed = entry_of(
                     LogKind.REPLAYED,

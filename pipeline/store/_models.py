@@ -18,6 +18,7 @@ __all__ = [
     "MAX_LOG_LIMIT",
     "DestinationStats",
     "EventName",
+    "HourFigures",
     "Journey",
     "LogQuery",
     "Trace",
@@ -230,3 +231,13 @@ class EventName(NamedTuple):
 
     def as_json(self) -> Json:
         return {"name": self.name, "calls": self.calls, "last_seen": iso(self.last_seen)}
+
+
+class HourFigures(NamedTuple):
+    """One destination's figures in one hour (``hour``: its start, epoch ms)."""
+
+    hour: int
+    delivered: int
+    failed: int
+    """Failed attempts."""
+    dead_lettered: int

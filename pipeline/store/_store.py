@@ -33,7 +33,15 @@ from pipeline.core.log_entries import JourneyState, LogEntry, LogKind, LogRecord
 from ._database import Database, Row
 from ._errors import StoreError, StoreUnavailable
 from ._fold import HOUR_MS, Batch, JourneyRow, clean, first_at
-from ._models import FAILED, DestinationStats, EventName, Journey, LogQuery, Trace
+from ._models import (
+    FAILED,
+    DestinationStats,
+    EventName,
+    HourFigures,
+    Journey,
+    LogQuery,
+    Trace,
+)
 from ._schema import (
     CALL_BUCKET,
     CALLS_PER_BUCKET,
@@ -640,6 +648,30 @@ class LogStore:
                 s.destination,
             )
         )
+        return found
+
+    def hourly(self, since_ms: int, until_ms: int | None = None) -> dict[str, list[HourFigures]]:
+        """Per destination, per hour of [since_ms, until_ms) that has any: deliveries, failed
+        attempts and dead letters (the console's 24-hour charts). Hours start on the hour (UTC)."""
+        window = (since_ms, _END_OF_TIME if until_ms is None else until_ms)
+        with self._lock, self._transaction(write=False):
+            rows = self._db.query(
+                "SELECT destination, at / ? AS hour,"
+                " SUM(CASE WHEN kind = 'delivered' THEN 1 ELSE 0 END),"
+                " SUM(CASE WHEN kind = 'attempt' AND ok = 0 THEN 1 ELSE 0 END),"
+                " SUM(CASE WHEN kind = 'dead_lettered' THEN 1 ELSE 0 END)"
+                " FROM entries WHERE at >= ? AND at < ?"
+                " AND kind IN ('attempt', 'delivered', 'dead_lettered') AND destination IS NOT NULL"
+                " GROUP BY 1, 2 ORDER BY 1, 2",
+                (HOUR_MS, *window),
+            )
+        found: dict[str, list[HourFigures]] = {}
+        for destination, hour, delivered, failed, dead in rows:
+            found.setdefault(destination, []).append(
+                HourFigures(
+                    int(hour) * HOUR_MS, int(delivered or 0), int(failed or 0), int(dead or 0)
+                )
+            )
         return found
 
     def event_names(self, source: str, since_ms: int) -> list[EventName]:

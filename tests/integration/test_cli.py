@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 from pipeline.runtime.net import free_port, port_open
 from tests.support import ROOT, run_cli, wait_for
@@ -80,6 +82,8 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
             str(free_port()),
             "--ingest-port",
             str(free_port()),
+            "--console-port",
+            str(free_port()),
         ],
         cwd=ROOT,
         env=env,
@@ -105,6 +109,12 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
         print(
             f"\npipeline dev: every sample call arrived {time.monotonic() - started:.1f} s after start"
         )
+        # The console runs too: its URL and made-up password are printed, its login page answers.
+        console = next(e for e in errors if "web console on" in e)
+        url = re.search(r"http://127\.0\.0\.1:\d+", console)
+        assert url is not None and "password " in console
+        with urllib.request.urlopen(f"{url.group(0)}/login", timeout=10) as page:
+            assert page.status == 200 and b'name="password"' in page.read()
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
     finally:

@@ -55,6 +55,7 @@ def test_every_command_module_registers_and_dispatches():
         ["log"],
         ["stats"],
         ["log-store"],
+        ["console"],
     ]
     seen = set()
     for argv in samples:

@@ -11,6 +11,7 @@ EXPECTED = {
     "SCHEMA_VERSION",
     "DestinationStats",
     "EventName",
+    "HourFigures",
     "Journey",
     "LogQuery",
     "LogStore",

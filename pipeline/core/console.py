@@ -1,0 +1,207 @@
+"""The console's pure logic: a destination form to the config file's mapping, validation errors
+next to their fields, what a change changed, masked write keys, and the 24-hour chart's bars.
+
+The console validates a form exactly as ``config apply`` validates a file: the form becomes the
+file's mapping for one destination (``destination_data``), the live config with that entry in
+place is validated (``pipeline.core.config.validate_config``), and each problem, worded as
+``config apply`` words it, is shown next to the field it names (``problems_by_field``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.config import Destination, Source
+
+__all__ = [
+    "Bar",
+    "FormError",
+    "bars",
+    "changed_fields",
+    "destination_data",
+    "mask_key",
+    "problems_by_field",
+    "webhook_rows",
+]
+
+#: The form offers the webhooks a destination has and one empty row, so that one more can be typed
+#: (a sixth is refused with the same words as ``config apply``).
+_SPARE_ROWS = 1
+
+
+class FormError(ValueError):
+    """A form field that cannot even be read as the file's value; ``field`` names it as the
+    config file would (``webhooks[1].headers``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def webhook_rows(destination: Destination | None) -> int:
+    """How many webhook rows the destination form shows."""
+    return (len(destination.webhooks) if destination is not None else 0) + _SPARE_ROWS
+
+
+def _headers(text: str, field: str) -> dict[str, str]:
+    """``Name: value`` lines to a mapping; blank lines are skipped."""
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name.strip():
+            raise FormError(field, f"line {number} {line!r} is not 'Name: value'")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def _number(text: str, *, whole: bool) -> Any:
+    """The number typed, or the text itself so that the model's error names it."""
+    text = text.strip()
+    try:
+        return int(text) if whole else float(text)
+    except ValueError:
+        return text
+
+
+def destination_data(
+    form: Mapping[str, str],
+    sources: Sequence[str],
+    current: Destination | None,
+) -> dict[str, Any]:
+    """The config file's mapping for the destination the form describes.
+
+    ``form`` holds ``id`` (a new destination only), ``name``, ``enabled`` (``on`` when ticked),
+    ``url_N`` / ``headers_N`` per webhook row, ``secret_action`` (``keep``, ``set``, ``clear``)
+    with ``secret``, and the policy: ``retry_delays`` (``10s, 1m``), ``retry_deadline``,
+    ``max_in_flight``, ``rate_limit``, ``disable_after``; an empty policy field means the global
+    setting. ``sources`` are the ticked source ids. Rows without a URL are left out (that is how a
+    webhook is removed). ``FormError`` for a value that is not even the file's kind of value.
+    """
+    data: dict[str, Any] = {
+        "id": current.id if current is not None else form.get("id", "").strip(),
+        "name": form.get("name", "").strip() or "Webhooks",
+        "enabled": form.get("enabled") == "on",
+        "sources": list(sources),
+    }
+    webhooks: list[dict[str, Any]] = []
+    rows = sorted(int(name[4:]) for name in form if re.fullmatch(r"url_\d{1,3}", name))
+    for row in rows:
+        url = form.get(f"url_{row}", "").strip()
+        if not url:
+            continue
+        field = f"webhooks[{len(webhooks)}].headers"
+        webhooks.append({"url": url, "headers": _headers(form.get(f"headers_{row}", ""), field)})
+    data["webhooks"] = webhooks
+
+    action = form.get("secret_action", "keep")
+    if action == "set":
+        secret = form.get("secret", "")
+        if not secret:
+            raise FormError("shared_secret", "type the new secret, or keep the current one")
+        data["shared_secret"] = secret
+    elif action == "keep" and current is not None and current.shared_secret:
+        data["shared_secret"] = current.shared_secret
+    elif action not in ("keep", "clear"):
+        raise FormError("shared_secret", f"unknown action {action!r}")
+    if current is not None and current.standard_webhooks and "shared_secret" in data:
+        data["standard_webhooks"] = True
+
+    retry: dict[str, Any] = {}
+    if delays := form.get("retry_delays", "").strip():
+        retry["delays"] = [d.strip() for d in delays.split(",")]
+    if deadline := form.get("retry_deadline", "").strip():
+        retry["deadline"] = deadline
+    if retry:
+        data["retry"] = retry
+    if max_in_flight := form.get("max_in_flight", "").strip():
+        data["max_in_flight"] = _number(max_in_flight, whole=True)
+    if rate_limit := form.get("rate_limit", "").strip():
+        data["rate_limit"] = _number(rate_limit, whole=False)
+    if disable_after := form.get("disable_after", "").strip():
+        data["disable_after"] = disable_after
+    return data
+
+
+_LOCATION = re.compile(r"^destinations\[\d+\](?: \([^)]*\))?(?:\.(?P<field>[^:]+))?: (?P<text>.*)$")
+
+
+def problems_by_field(problems: Sequence[str], destination_id: str) -> dict[str, list[str]]:
+    """``config apply``'s problems about one destination, by the field they name.
+
+    ``destinations[2] (hooks).webhooks[1].url: 'x' has no host`` goes under
+    ``webhooks[1].url`` and keeps its whole wording; a problem naming no field, or another
+    entity, goes under ``""`` (shown at the top of the form).
+    """
+    found: dict[str, list[str]] = {}
+    for problem in problems:
+        match = _LOCATION.match(problem)
+        field = ""
+        if match is not None and f"({destination_id})" in problem.split(":", 1)[0]:
+            field = match.group("field") or ""
+        found.setdefault(field, []).append(problem)
+    return found
+
+
+def changed_fields(old: Destination | Source | None, new: Destination | Source) -> list[str]:
+    """The names of the fields ``new`` changes (all of them for a new entity). A secret's value
+    is never named, only that it changed."""
+    if old is None:
+        return ["created"]
+    before, after = old.model_dump(), new.model_dump()
+    return [name for name in after if before.get(name) != after[name]]
+
+
+def mask_key(key: str) -> str:
+    """A write key as a page shows it until it is revealed: enough to tell keys apart.
+
+    >>> mask_key("wk_live_1234567890")
+    'wk_l••••••••90'
+    >>> mask_key("short")
+    '••••••••'
+    """
+    if len(key) < 10:
+        return "•" * 8
+    return f"{key[:4]}{'•' * 8}{key[-2:]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One hour of a destination's chart, in the SVG's units (height 0..``height``)."""
+
+    x: int
+    delivered: float
+    failed: float
+    title: str
+
+
+def bars(
+    hours: Sequence[tuple[int, int, int]], start_hour: int, count: int = 24, height: int = 30
+) -> list[Bar]:
+    """The chart of ``count`` hours from ``start_hour`` (epoch ms): per hour, bars of deliveries
+    and failures scaled to the busiest hour; ``hours`` holds (hour, delivered, failed) for the
+    hours that had any.
+
+    >>> [(b.x, b.delivered, b.failed) for b in bars([(0, 10, 5)], 0, count=2)]
+    [(0, 20.0, 10.0), (1, 0.0, 0.0)]
+    """
+    per_hour = {hour: (delivered, failed) for hour, delivered, failed in hours}
+    busiest = max((d + f for d, f in per_hour.values()), default=0) or 1
+    found = []
+    for index in range(count):
+        hour = start_hour + index * 3_600_000
+        delivered, failed = per_hour.get(hour, (0, 0))
+        found.append(
+            Bar(
+                index,
+                delivered * height / busiest,
+                failed * height / busiest,
+                f"{delivered} delivered, {failed} failed",
+            )
+        )
+    return found

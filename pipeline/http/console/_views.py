@@ -1,0 +1,630 @@
+"""The console's pages: one handler per page and form; the templates draw them.
+
+Every value from outside (event names, traits, receivers' answers, ids) reaches a template as
+data and is escaped there (autoescape on every template). Forms POST and redirect (the
+post/redirect/get pattern), so a reload never submits twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp_jinja2
+import orjson
+from aiohttp import web
+from multidict import MultiMapping
+
+from pipeline.core.calls import CallType, new_message_id, parse_call
+from pipeline.core.config import Destination, Source, config_data, validate_config
+from pipeline.core.console import (
+    Bar,
+    FormError,
+    bars,
+    destination_data,
+    mask_key,
+    problems_by_field,
+    webhook_rows,
+)
+from pipeline.core.exceptions import ConfigError, InvalidCall
+from pipeline.core.render import render_body
+from pipeline.core.timestamps import format_timestamp, now_ms, parse_when
+from pipeline.http.console._auth import Session, Sessions
+from pipeline.http.console._backend import Console
+from pipeline.ops.dlq import DlqFilter, list_dead_letters
+from pipeline.store import LOG_STATES, DestinationStats, LogQuery
+
+__all__ = ["Views"]
+
+HOUR_MS = 3_600_000
+#: The source schema page lists the track events seen this long (seed §4.3 rule 7).
+SCHEMA_WINDOW_MS = 7 * 24 * HOUR_MS
+#: What the test-event form starts with, per call type.
+SAMPLES: dict[str, dict[str, Any]] = {
+    "identify": {"userId": "test-user", "traits": {"email": "test@example.com"}},
+    "track": {"userId": "test-user", "event": "Test Event", "properties": {"plan": "pro"}},
+    "page": {"userId": "test-user", "name": "Home", "properties": {"path": "/"}},
+    "screen": {"userId": "test-user", "name": "Dashboard"},
+    "group": {"userId": "test-user", "groupId": "test-group", "traits": {"name": "Acme"}},
+    "alias": {"userId": "test-user", "previousId": "anonymous-1"},
+    "delete": {"userId": "test-user"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    """One destination on the overview."""
+
+    destination: Destination
+    stats: DestinationStats | None
+    circuit_open: bool
+    dead_24h: int
+    bars: list[Bar]
+
+    @property
+    def problem(self) -> int:
+        """How much is wrong; the overview lists the worst first."""
+        ratio = self.stats.success_ratio if self.stats else None
+        return (
+            (2 if self.circuit_open else 0)
+            + (1 if ratio is not None and ratio < 0.99 else 0)
+            + (1 if self.dead_24h else 0)
+            + (1 if not self.destination.enabled else 0)
+        )
+
+
+def _session(request: web.Request) -> Session:
+    session: Session = request["session"]
+    return session
+
+
+def _back(path: str, flash: str | None = None, session: Session | None = None) -> web.HTTPSeeOther:
+    if flash and session is not None:
+        session.flash.append(flash)
+    return web.HTTPSeeOther(path)
+
+
+class Views:
+    def __init__(self, console: Console, sessions: Sessions) -> None:
+        self.console = console
+        self.sessions = sessions
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.health)
+        app.router.add_get("/favicon.ico", self.no_icon)
+        app.router.add_get("/login", self.login_page)
+        app.router.add_post("/login", self.login)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_get("/", self.overview)
+        app.router.add_get("/destinations", self.destinations)
+        app.router.add_get("/destinations/new", self.new_destination)
+        app.router.add_post("/destinations/new", self.create_destination)
+        app.router.add_get("/destinations/{id}", self.destination)
+        app.router.add_post("/destinations/{id}", self.save_destination)
+        app.router.add_post("/destinations/{id}/toggle", self.toggle_destination)
+        app.router.add_get("/sources", self.sources)
+        app.router.add_get("/sources/{id}", self.source)
+        app.router.add_post("/sources/{id}/reveal", self.reveal_key)
+        app.router.add_post("/sources/{id}/events", self.block_event)
+        app.router.add_get("/messages", self.messages)
+        app.router.add_get("/messages/{message_id}", self.trace)
+        app.router.add_get("/dead-letters", self.dead_letters)
+        app.router.add_post("/dead-letters/replay", self.replay_dead_letters)
+        app.router.add_get("/dead-letters/jobs/{id}", self.replay_job)
+        app.router.add_get("/test-event", self.test_event)
+        app.router.add_post("/test-event", self.send_test_event)
+
+    def _page(
+        self, request: web.Request, template: str, status: int = 200, **context: Any
+    ) -> web.Response:
+        session: Session | None = request.get("session")
+        flash = []
+        if session is not None:
+            flash, session.flash = session.flash, []
+        return aiohttp_jinja2.render_template(
+            template,
+            request,
+            {
+                "session": session,
+                "flash": flash,
+                "store_problem": self.console.store_problem,
+                "path": request.path,
+                "fmt_time": lambda ms: format_timestamp(ms) if ms else "",
+                **context,
+            },
+            status=status,
+        )
+
+    # ---- login ----------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        """Up, and ready: the console serves only once it read the config topic."""
+        return web.json_response({"status": "ok"})
+
+    async def no_icon(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+    async def login_page(self, request: web.Request) -> web.Response:
+        return self._login_form(request, error=None)
+
+    def _login_form(
+        self, request: web.Request, error: str | None, next_page: str | None = None
+    ) -> web.Response:
+        # A page open in another tab (or the browser's own favicon fetch) may have set the token
+        # already: keep it, so that every login form this browser shows stays valid.
+        token = Sessions.login_token_of(request) or Sessions.new_login_token()
+        response = self._page(
+            request,
+            "login.html",
+            status=401 if error else 200,
+            next=next_page or request.query.get("next", "/"),
+            error=error,
+            login_token=token,
+        )
+        self.sessions.set_login_cookie(response, token)
+        return response
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        target = str(form.get("next", "/"))
+        if not self.sessions.login_token_ok(request, str(form.get("login_token", ""))):
+            return self._login_form(request, "the login form expired: try again", target)
+        if not self.sessions.check_password(str(form.get("password", ""))):
+            await self.sessions.wrong_password()
+            return self._login_form(request, "wrong password", target)
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"  # never send the browser elsewhere
+        response = web.HTTPSeeOther(target)
+        self.sessions.start(response)
+        raise response
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        response = web.HTTPSeeOther("/login")
+        self.sessions.end(_session(request), response)
+        raise response
+
+    # ---- overview -------------------------------------------------------------------------------
+
+    async def overview(self, request: web.Request) -> web.Response:
+        now = now_ms()
+        table = self.console.table
+        since = now - HOUR_MS
+        start_hour = now - now % HOUR_MS - 23 * HOUR_MS
+        stats = await self.console.query(lambda store: store.stats(since)) or []
+        hourly = await self.console.query(lambda store: store.hourly(start_hour)) or {}
+        by_id = {s.destination: s for s in stats}
+        tiles = []
+        for dest in table.destinations.values():
+            hours = hourly.get(dest.id, [])
+            tiles.append(
+                Tile(
+                    dest,
+                    by_id.get(dest.id),
+                    self.console.events.circuits_open(dest.id),
+                    sum(h.dead_lettered for h in hours),
+                    bars([(h.hour, h.delivered, h.failed) for h in hours], start_hour),
+                )
+            )
+        tiles.sort(key=lambda t: (-t.problem, t.destination.id))
+        return self._page(request, "overview.html", tiles=tiles)
+
+    # ---- destinations ---------------------------------------------------------------------------
+
+    async def destinations(self, request: web.Request) -> web.Response:
+        table = self.console.table
+        return self._page(
+            request,
+            "destinations.html",
+            destinations=sorted(table.destinations.values(), key=lambda d: d.id),
+        )
+
+    def _destination_or_404(self, request: web.Request) -> Destination:
+        dest = self.console.table.destinations.get(request.match_info["id"])
+        if dest is None:
+            raise web.HTTPNotFound(text=f"no destination {request.match_info['id']!r}")
+        return dest
+
+    def _destination_form(
+        self,
+        request: web.Request,
+        dest: Destination | None,
+        *,
+        form: dict[str, str] | None = None,
+        checked_sources: list[str] | None = None,
+        errors: dict[str, list[str]] | None = None,
+    ) -> web.Response:
+        table = self.console.table
+        rows = webhook_rows(dest)
+        if form is None:
+            form = _form_of(dest)
+            checked_sources = list(dest.sources) if dest else []
+        else:
+            rows = max(rows, 1 + max((int(k[4:]) for k in form if k.startswith("url_")), default=0))
+        events = self.console.events.of(f"destination:{dest.id}") if dest is not None else []
+        origin = self.console.config.origin(f"destination:{dest.id}") if dest else None
+        return self._page(
+            request,
+            "destination.html",
+            status=400 if errors else 200,
+            dest=dest,
+            form=form,
+            rows=range(rows),
+            sources=sorted(table.sources.values(), key=lambda s: s.id),
+            checked_sources=checked_sources or [],
+            errors=errors or {},
+            events=events,
+            origin=origin,
+        )
+
+    async def destination(self, request: web.Request) -> web.Response:
+        return self._destination_form(request, self._destination_or_404(request))
+
+    async def new_destination(self, request: web.Request) -> web.Response:
+        return self._destination_form(request, None)
+
+    async def save_destination(self, request: web.Request) -> web.Response:
+        return await self._save_destination(request, self._destination_or_404(request))
+
+    async def create_destination(self, request: web.Request) -> web.Response:
+        return await self._save_destination(request, None)
+
+    async def _save_destination(
+        self, request: web.Request, current: Destination | None
+    ) -> web.Response:
+        posted = await request.post()
+        form = {k: str(v) for k, v in posted.items() if k not in ("csrf", "source")}
+        checked = [str(s) for s in posted.getall("source", [])]
+        try:
+            data = destination_data(form, checked, current)
+        except FormError as exc:
+            errors = {exc.field: [str(exc)]}
+            return self._destination_form(
+                request, current, form=form, checked_sources=checked, errors=errors
+            )
+        if current is None and data["id"] in self.console.table.destinations:
+            errors = {"id": [f"id: a destination {data['id']!r} exists already"]}
+            return self._destination_form(
+                request, current, form=form, checked_sources=checked, errors=errors
+            )
+        try:
+            dest = _validated_destination(self.console.table, data)
+        except ConfigError as exc:
+            errors = problems_by_field(exc.problems, str(data["id"]))
+            return self._destination_form(
+                request, current, form=form, checked_sources=checked, errors=errors
+            )
+        session = _session(request)
+        if current is not None:  # the pipeline's own marks stay unless the toggle changed
+            dest = _keep_disable_marks(current, dest)
+        changed = await self.console.save(dest, session.who)
+        flash = f"saved: {', '.join(changed)}" if changed else "nothing changed"
+        raise _back(f"/destinations/{dest.id}", flash, session)
+
+    async def toggle_destination(self, request: web.Request) -> web.Response:
+        dest = self._destination_or_404(request)
+        toggled = dest.model_copy(
+            update={"enabled": not dest.enabled, "disabled_reason": None, "disabled_at": None}
+        )
+        session = _session(request)
+        await self.console.save(toggled, session.who)
+        state = "enabled" if toggled.enabled else "disabled"
+        form = await request.post()
+        back = str(form.get("back", "/destinations"))
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/destinations"
+        raise _back(back, f"{dest.id} {state}", session)
+
+    # ---- sources --------------------------------------------------------------------------------
+
+    async def sources(self, request: web.Request) -> web.Response:
+        table = self.console.table
+        return self._page(
+            request,
+            "sources.html",
+            sources=sorted(table.sources.values(), key=lambda s: s.id),
+            mask_key=mask_key,
+            destinations_of=lambda s: [
+                d.id for d in table.destinations.values() if s.id in d.sources
+            ],
+        )
+
+    def _source_or_404(self, request: web.Request) -> Source:
+        source = self.console.table.sources.get(request.match_info["id"])
+        if source is None:
+            raise web.HTTPNotFound(text=f"no source {request.match_info['id']!r}")
+        return source
+
+    async def source(self, request: web.Request, revealed: int | None = None) -> web.Response:
+        source = self._source_or_404(request)
+        since = now_ms() - SCHEMA_WINDOW_MS
+        names = await self.console.query(lambda store: store.event_names(source.id, since))
+        seen = {n.name for n in names or []}
+        blocked_unseen = [name for name in source.blocked_events if name not in seen]
+        return self._page(
+            request,
+            "source.html",
+            source=source,
+            names=names or [],
+            blocked=set(source.blocked_events),
+            blocked_unseen=blocked_unseen,
+            revealed=revealed,
+            mask_key=mask_key,
+            events=self.console.events.of(f"source:{source.id}"),
+            origin=self.console.config.origin(f"source:{source.id}"),
+        )
+
+    async def reveal_key(self, request: web.Request) -> web.Response:
+        source = self._source_or_404(request)
+        form = await request.post()
+        try:
+            index = int(str(form.get("key", "")))
+            source.write_keys[index]
+        except (ValueError, IndexError):
+            raise web.HTTPBadRequest(text="key: no such write key") from None
+        return await self.source(request, revealed=index)
+
+    async def block_event(self, request: web.Request) -> web.Response:
+        source = self._source_or_404(request)
+        form = await request.post()
+        name = str(form.get("event", ""))
+        action = form.get("action")
+        if not name or action not in ("block", "unblock"):
+            raise web.HTTPBadRequest(text="event and action (block or unblock) are required")
+        blocked = [n for n in source.blocked_events if n != name]
+        if action == "block":
+            blocked.append(name)
+        updated = source.model_copy(update={"blocked_events": blocked})
+        session = _session(request)
+        await self.console.save(updated, session.who)
+        raise _back(f"/sources/{source.id}", f"{name!r} {action}ed", session)
+
+    # ---- messages -------------------------------------------------------------------------------
+
+    async def messages(self, request: web.Request) -> web.Response:
+        q = request.query
+        message_id = q.get("message_id", "").strip()
+        if message_id:
+            raise web.HTTPSeeOther(f"/messages/{_quote(message_id)}")
+        error = None
+        journeys = None
+        if any(q.get(k) for k in ("user", "destination", "state", "since", "source", "type")):
+            try:
+                query = LogQuery(
+                    destination=q.get("destination") or None,
+                    source=q.get("source") or None,
+                    user=q.get("user") or None,
+                    call_type=q.get("type") or None,
+                    state=q.get("state") or None,
+                    since_ms=parse_when(q["since"], name="since") if q.get("since") else None,
+                    until_ms=parse_when(q["until"], name="until") if q.get("until") else None,
+                    limit=100,
+                )
+            except ValueError as exc:
+                error = str(exc)
+            else:
+                journeys = await self.console.query(lambda store: store.log(query))
+        return self._page(
+            request,
+            "messages.html",
+            q=q,
+            error=error,
+            journeys=journeys,
+            states=LOG_STATES,
+            types=[t.value for t in CallType],
+            destinations=sorted(self.console.table.destinations),
+        )
+
+    async def trace(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        found = await self.console.query(lambda store: store.trace(message_id))
+        return self._page(
+            request, "trace.html", status=200 if found else 404, trace=found, message_id=message_id
+        )
+
+    # ---- dead letters ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _dlq_filter(values: MultiMapping[Any]) -> DlqFilter:
+        """The dead letters a page's filter (or a replay form) selects. ``since`` is a duration
+        ago or a time; the confirmation form carries it as ``since_ms``, fixed at the dry run.
+        A replay form's ticked ``id``s count unless ``scope`` is ``all``."""
+        ids = [str(i) for i in values.getall("id", [])]
+        if values.get("scope") == "selected" and not ids:
+            raise ValueError("id: tick the dead letters to replay, or replay all that match")
+        since = None
+        if values.get("since_ms"):
+            since = int(str(values["since_ms"]))
+        elif values.get("since"):
+            since = parse_when(str(values["since"]), name="since")
+        return DlqFilter(
+            destination=str(values.get("destination") or "") or None,
+            reason=str(values.get("reason") or "") or None,
+            since=since,
+            ids=frozenset(ids) if ids and values.get("scope") != "all" else None,
+        )
+
+    async def dead_letters(self, request: web.Request) -> web.Response:
+        q = request.query
+        error = None
+        entries = []
+        try:
+            selection = self._dlq_filter(q)
+        except ValueError as exc:
+            error = str(exc)
+        else:
+            entries = await _in_thread(list_dead_letters, self.console.settings, selection)
+        return self._page(
+            request,
+            "dead_letters.html",
+            q=q,
+            error=error,
+            entries=list(reversed(entries))[:500],
+            total=len(entries),
+            pending=sum(1 for e in entries if e.replayed_at is None and e.replayable),
+            destinations=sorted(self.console.table.destinations),
+            count=None,
+        )
+
+    async def replay_dead_letters(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        try:
+            selection = self._dlq_filter(form)
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        entries = await _in_thread(list_dead_letters, self.console.settings, selection)
+        pending = [e for e in entries if e.replayed_at is None and e.replayable]
+        if form.get("action") != "replay":  # the dry run: count first
+            return self._page(
+                request,
+                "replay_confirm.html",
+                selection=selection,
+                matching=len(entries),
+                pending=len(pending),
+                already=sum(1 for e in entries if e.replayed_at is not None),
+            )
+        session = _session(request)
+        if not pending:
+            raise _back(
+                "/dead-letters", "nothing to replay: every match was replayed before", session
+            )
+        job = self.console.start_replay(selection, session.who)
+        raise web.HTTPSeeOther(f"/dead-letters/jobs/{job.id}")
+
+    async def replay_job(self, request: web.Request) -> web.Response:
+        job = self.console.jobs.get(request.match_info["id"])
+        if job is None:
+            raise web.HTTPNotFound(text="no such replay (jobs are kept until the console restarts)")
+        return self._page(request, "replay_job.html", job=job)
+
+    # ---- test events ----------------------------------------------------------------------------
+
+    async def test_event(self, request: web.Request) -> web.Response:
+        call_type = request.query.get("type", "track")
+        if call_type not in SAMPLES:
+            call_type = "track"
+        return self._test_page(
+            request,
+            destination=request.query.get("destination", ""),
+            call_type=call_type,
+            text=orjson.dumps(SAMPLES[call_type], option=orjson.OPT_INDENT_2).decode(),
+        )
+
+    def _test_page(
+        self, request: web.Request, status: int = 200, /, **context: Any
+    ) -> web.Response:
+        return self._page(
+            request,
+            "test_event.html",
+            status=status,
+            destinations=sorted(self.console.table.destinations),
+            types=list(SAMPLES),
+            **{"error": None, "result": None, **context},
+        )
+
+    async def send_test_event(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        dest_id = str(form.get("destination", ""))
+        call_type = str(form.get("type", "track"))
+        text = str(form.get("call", ""))
+        again = {"destination": dest_id, "call_type": call_type, "text": text}
+        dest = self.console.table.destinations.get(dest_id)
+        if dest is None:
+            return self._test_page(
+                request, 400, error=f"destination: no destination {dest_id!r}", **again
+            )
+        if call_type not in SAMPLES:
+            return self._test_page(
+                request, 400, error=f"type: {call_type!r} is not a call type", **again
+            )
+        try:
+            raw = orjson.loads(text)
+            if isinstance(raw, dict):
+                raw.setdefault("messageId", f"test-{new_message_id()}")
+            call = parse_call(
+                raw, source_id=dest.sources[0], received_at=now_ms(), call_type=call_type
+            )
+        except orjson.JSONDecodeError as exc:
+            return self._test_page(request, 400, error=f"call: not JSON ({exc})", **again)
+        except InvalidCall as exc:
+            return self._test_page(request, 400, error=str(exc), **again)
+        body = render_body(call)
+        started = time.monotonic()
+        signed, probes = await self.console.send_test(dest, body, call.message_id)
+        return self._test_page(
+            request,
+            result={
+                "body": body.decode(),
+                "headers": signed,
+                "probes": probes,
+                "seconds": time.monotonic() - started,
+                "message_id": call.message_id,
+            },
+            **again,
+        )
+
+
+async def _in_thread(function: Any, *args: Any) -> Any:
+    import asyncio
+
+    return await asyncio.to_thread(function, *args)
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def _form_of(dest: Destination | None) -> dict[str, str]:
+    """The form's fields for an existing destination (the secret never among them)."""
+    if dest is None:
+        return {"enabled": "on", "name": "Webhooks"}
+    form = {
+        "name": dest.name,
+        "enabled": "on" if dest.enabled else "",
+        "retry_delays": "",
+        "retry_deadline": "",
+        "max_in_flight": "" if dest.max_in_flight is None else str(dest.max_in_flight),
+        "rate_limit": "" if dest.rate_limit is None else f"{dest.rate_limit:g}",
+        "disable_after": "",
+    }
+    exported = config_data_destination(dest)
+    retry = exported.get("retry") or {}
+    form["retry_delays"] = ", ".join(retry.get("delays") or [])
+    form["retry_deadline"] = retry.get("deadline") or ""
+    form["disable_after"] = exported.get("disable_after") or ""
+    for row, hook in enumerate(dest.webhooks):
+        form[f"url_{row}"] = hook.url
+        form[f"headers_{row}"] = "\n".join(f"{k}: {v}" for k, v in hook.headers.items())
+    return form
+
+
+def config_data_destination(dest: Destination) -> dict[str, Any]:
+    """The destination as the config file writes it (durations as ``10s``, ``4h``)."""
+    from pipeline.core.config import ConfigTable
+
+    data = config_data(ConfigTable.build((), (dest,)))
+    found: dict[str, Any] = data["destinations"][0]
+    return found
+
+
+def _validated_destination(table: Any, data: dict[str, Any]) -> Destination:
+    """The destination ``data`` describes, validated within the live config as ``config apply``
+    would validate the file (``ConfigError`` with its words otherwise)."""
+    whole = config_data(table)
+    others = [d for d in whole["destinations"] if d["id"] != data["id"]]
+    index = len(others)
+    whole["destinations"] = [*others, data]
+    config = validate_config(whole)
+    dest: Destination = config.destinations[index]
+    return dest
+
+
+def _keep_disable_marks(current: Destination, new: Destination) -> Destination:
+    if new.enabled == current.enabled and current.disabled_reason:
+        return new.model_copy(
+            update={"disabled_reason": current.disabled_reason, "disabled_at": current.disabled_at}
+        )
+    return new

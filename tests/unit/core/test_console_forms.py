@@ -1,0 +1,144 @@
+"""The console's pure logic: a destination form to the config file's mapping, problems next to
+their fields, what a change changed, masked keys, chart bars."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.config import Destination, Source, Webhook, validate_config
+from pipeline.core.console import (
+    FormError,
+    bars,
+    changed_fields,
+    destination_data,
+    mask_key,
+    problems_by_field,
+    webhook_rows,
+)
+from pipeline.core.exceptions import ConfigError
+
+CURRENT = Destination(
+    id="hooks",
+    name="Webhooks",
+    sources=["web"],
+    shared_secret="s3cret",
+    webhooks=[Webhook(url="https://a.example/hook", headers={"Authorization": "Bearer x"})],
+)
+
+
+def form(**fields: str) -> dict[str, str]:
+    return {"name": "Webhooks", "enabled": "on", "url_0": "https://a.example/hook", **fields}
+
+
+def test_a_form_becomes_the_config_files_mapping():
+    data = destination_data(
+        form(
+            headers_0="Authorization: Bearer x\n\nX-Team:  growth ",
+            url_1="https://b.example/hook",
+            retry_delays="10s, 1m",
+            retry_deadline="2h",
+            max_in_flight="50",
+            rate_limit="12.5",
+            disable_after="1d",
+        ),
+        ["web"],
+        CURRENT,
+    )
+    assert data == {
+        "id": "hooks",
+        "name": "Webhooks",
+        "enabled": True,
+        "sources": ["web"],
+        "webhooks": [
+            {
+                "url": "https://a.example/hook",
+                "headers": {"Authorization": "Bearer x", "X-Team": "growth"},
+            },
+            {"url": "https://b.example/hook", "headers": {}},
+        ],
+        "shared_secret": "s3cret",  # kept: the form never holds it
+        "retry": {"delays": ["10s", "1m"], "deadline": "2h"},
+        "max_in_flight": 50,
+        "rate_limit": 12.5,
+        "disable_after": "1d",
+    }
+
+
+def test_the_secret_is_kept_set_or_cleared():
+    assert destination_data(form(), ["web"], CURRENT)["shared_secret"] == "s3cret"
+    changed = destination_data(form(secret_action="set", secret="new"), ["web"], CURRENT)
+    assert changed["shared_secret"] == "new"
+    assert "shared_secret" not in destination_data(form(secret_action="clear"), ["web"], CURRENT)
+    with pytest.raises(FormError, match="shared_secret: type the new secret"):
+        destination_data(form(secret_action="set", secret=""), ["web"], CURRENT)
+
+
+def test_an_unticked_box_disables_and_an_empty_url_removes_a_webhook():
+    data = destination_data({"url_0": "", "url_1": "https://b.example/x"}, [], CURRENT)
+    assert data["enabled"] is False
+    assert [w["url"] for w in data["webhooks"]] == ["https://b.example/x"]
+
+
+def test_a_header_line_without_a_colon_names_its_webhook_and_line():
+    with pytest.raises(FormError) as caught:
+        destination_data(form(headers_0="Authorization Bearer"), ["web"], CURRENT)
+    assert caught.value.field == "webhooks[0].headers"
+    assert "line 1 'Authorization Bearer' is not 'Name: value'" in str(caught.value)
+
+
+def test_a_number_that_is_not_one_reaches_the_model_as_typed():
+    data = destination_data(form(max_in_flight="many"), ["web"], CURRENT)
+    with pytest.raises(ConfigError) as caught:
+        validate_config({"sources": [{"id": "web"}], "destinations": [data]})
+    assert caught.value.problems == [
+        "destinations[0] (hooks).max_in_flight: must be a whole number, got 'many'"
+    ]
+
+
+def test_problems_go_next_to_the_field_they_name():
+    problems = [
+        "destinations[2] (hooks).webhooks: at most 5 webhooks per destination, got 6",
+        "destinations[2] (hooks).webhooks[1].url: 'x' has no host",
+        "destinations[2] (hooks).retry.delays[0]: 'soon' is not a duration",
+        "destinations[2] (hooks).sources: unknown source 'app'; known: web",
+        "destinations[0] (other).name: something about another destination",
+        "config: must be a mapping",
+    ]
+    assert problems_by_field(problems, "hooks") == {
+        "webhooks": [problems[0]],
+        "webhooks[1].url": [problems[1]],
+        "retry.delays[0]": [problems[2]],
+        "sources": [problems[3]],
+        "": [problems[4], problems[5]],
+    }
+
+
+def test_changed_fields_name_what_changed_never_a_value():
+    toggled = CURRENT.model_copy(update={"enabled": False, "shared_secret": "other"})
+    assert changed_fields(CURRENT, toggled) == ["enabled", "shared_secret"]
+    assert changed_fields(CURRENT, CURRENT) == []
+    assert changed_fields(None, Source(id="web")) == ["created"]
+
+
+def test_the_form_offers_one_more_webhook_row_than_there_are():
+    assert webhook_rows(None) == 1
+    assert webhook_rows(CURRENT) == 2
+    five = CURRENT.model_copy(update={"webhooks": CURRENT.webhooks * 5})
+    assert webhook_rows(five) == 6  # a sixth can be typed, and is refused as config apply would
+
+
+def test_masked_keys_show_only_their_ends():
+    assert mask_key("wk_live_abcdefgh12") == "wk_l••••••••12"
+    assert mask_key("tiny") == "••••••••"
+
+
+def test_bars_scale_to_the_busiest_hour_and_fill_empty_hours():
+    hour = 3_600_000
+    drawn = bars([(hour, 3, 1), (3 * hour, 1, 0)], hour, count=3, height=20)  # hours 0 and 2
+    assert [(b.x, b.delivered, b.failed) for b in drawn] == [
+        (0, 15.0, 5.0),
+        (1, 0.0, 0.0),
+        (2, 5.0, 0.0),
+    ]
+    assert drawn[0].title == "3 delivered, 1 failed"
+    assert all(b.delivered == b.failed == 0 for b in bars([], 0))
