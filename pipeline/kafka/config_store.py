@@ -18,10 +18,11 @@ the embedded broker's can lag the true end of the log.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from confluent_kafka import Message
 
 from pipeline.core.config import (
     ConfigTable,
@@ -39,7 +40,7 @@ from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
-from pipeline.kafka.topic_reader import TopicReader
+from pipeline.kafka.topic_reader import TopicFollower
 
 __all__ = [
     "ConfigFollower",
@@ -181,10 +182,7 @@ class ConfigFollower:
         # The table and its entities' origins, published as one reference so that a reader in
         # another thread never pairs a table with the origins of another version.
         self._snapshot: tuple[ConfigTable, dict[str, Origin]] = (ConfigTable.build((), ()), {})
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="config-follower", daemon=True)
-        self.version = 0
+        self._follower = TopicFollower(settings, self._topic, self._take, name="config")
 
     @property
     def table(self) -> ConfigTable:
@@ -201,58 +199,24 @@ class ConfigFollower:
         return self._snapshot[1].get(key)
 
     def start(self) -> ConfigFollower:
-        self._thread.start()
+        self._follower.start()
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> ConfigTable:
-        if not self._ready.wait(timeout):
-            raise BrokerUnavailable(
-                f"could not read the config topic {self._topic!r} within {timeout:.0f} s "
-                f"(is the broker at {self._settings.bootstrap_servers} up, and were topics created?)"
-            )
+        """The table once the whole topic as it was at start has been read (waits, retrying,
+        while the broker is unreachable or the topic is not created yet)."""
+        self._follower.wait_ready(timeout)
         return self.table
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self._follower.stop()
 
-    def _run(self) -> None:
-        reader = TopicReader(
-            self._settings,
-            self._topic,
-            # End-of-partition is reported after an empty fetch: answer those quickly.
-            **{"topic.metadata.refresh.interval.ms": 5000, "fetch.wait.max.ms": 100},
-        )
-        try:
-            partitions = self._partitions(reader)
-            reader.assign(partitions)
-            pending_eof = set(partitions)
-            while not self._stop.is_set():
-                records, ended = reader.poll(0.2, max_records=500)
-                pending_eof -= ended
-                changed = False
-                for message in records:
-                    changed |= self._apply_record(message.key(), message.value())
-                if changed or (not self._ready.is_set() and not pending_eof):
-                    self._rebuild()
-                if not pending_eof and not self._ready.is_set():
-                    self._ready.set()
-        except Exception:  # pragma: no cover - logged, and wait_ready reports the stall
-            log.exception("config follower stopped")
-        finally:
-            reader.close()
-
-    def _partitions(self, reader: TopicReader) -> list[int]:
-        """The config topic's partitions; waits (retrying) while the broker is unreachable or the
-        topic is not created yet."""
-        while not self._stop.is_set():
-            try:
-                return reader.partitions(timeout=5)
-            except BrokerUnavailable as exc:
-                log.debug("config topic: %s; retrying", exc)
-            self._stop.wait(0.5)
-        return []
+    def _take(self, records: list[Message]) -> None:
+        changed = False
+        for message in records:
+            changed |= self._apply_record(message.key(), message.value())
+        if changed:
+            self._rebuild()
 
     def _apply_record(self, key: bytes | None, value: bytes | None) -> bool:
         text = (key or b"").decode(errors="replace")
@@ -281,7 +245,6 @@ class ConfigFollower:
     def _rebuild(self) -> None:
         table = ConfigTable.build(self._sources.values(), self._destinations.values())
         self._snapshot = (table, dict(self._origins))
-        self.version += 1
 
 
 def destination_record(
