@@ -430,9 +430,19 @@ def test_replay_a_dead_letter(page: Any, pipeline: Pipeline):
         timeout=30,
     )
     letter_id = letters[0].dead_letter.id
+    message_id = letters[0].dead_letter.delivery.message_id
     refusing.default = 200  # the receiver is mended
 
-    login(page, "/dead-letters?destination=refusing")
+    # The trace shows the refused attempt and the start of the receiver's answer, as text.
+    login(page, f"/messages/{message_id}")
+    refused = page.locator("tr.entry.kind-attempt", has_text="refusing")
+    wait_for(lambda: page.reload() and refused.count() == 1, timeout=30)  # once the store has it
+
+    expect(refused.locator("td.status")).to_have_text("400")
+    expect(refused.locator("pre.response")).to_have_text("answer from refusing: <b>400</b>")
+    expect(page.locator("tr.entry.kind-dead_lettered")).to_contain_text("client_error")
+
+    page.goto("/dead-letters?destination=refusing")
     page.check(f"input[name=id][value='{letter_id}']")
     screenshot(page, "dead-letters")
     page.click("#replay-selected")

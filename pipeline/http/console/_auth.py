@@ -22,6 +22,7 @@ from aiohttp.typedefs import Middleware
 
 __all__ = [
     "CSP",
+    "SESSION",
     "SESSION_COOKIE",
     "Session",
     "Sessions",
@@ -66,6 +67,10 @@ class Session:
     @property
     def who(self) -> str:
         return f"console:{self.id}"
+
+
+#: The logged-in session of a request (set by ``security_middleware``).
+SESSION = web.RequestKey("session", Session)
 
 
 class Sessions:
@@ -172,7 +177,7 @@ def security_middleware(sessions: Sessions) -> Middleware:
                 raise web.HTTPForbidden(
                     text="the form's CSRF token is missing or wrong: reload the page and try again"
                 )
-        request["session"] = session
+        request[SESSION] = session
         return await handler(request)
 
     return middleware

@@ -30,7 +30,7 @@ from pipeline.core.console import (
 from pipeline.core.exceptions import ConfigError, InvalidCall
 from pipeline.core.render import render_body
 from pipeline.core.timestamps import format_timestamp, now_ms, parse_when
-from pipeline.http.console._auth import Session, Sessions
+from pipeline.http.console._auth import SESSION, Session, Sessions
 from pipeline.http.console._backend import Console
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
 from pipeline.store import LOG_STATES, DestinationStats, LogQuery
@@ -75,8 +75,7 @@ class Tile:
 
 
 def _session(request: web.Request) -> Session:
-    session: Session = request["session"]
-    return session
+    return request[SESSION]
 
 
 def _back(path: str, flash: str | None = None, session: Session | None = None) -> web.HTTPSeeOther:
@@ -119,7 +118,7 @@ class Views:
     def _page(
         self, request: web.Request, template: str, status: int = 200, **context: Any
     ) -> web.Response:
-        session: Session | None = request.get("session")
+        session = request.get(SESSION)
         flash = []
         if session is not None:
             flash, session.flash = session.flash, []
