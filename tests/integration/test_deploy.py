@@ -649,7 +649,14 @@ def test_without_a_registry_url_records_use_single_object_encoding():
 
     codec = make_codec(Settings())
     assert codec is Codec.default()
-    record = {"id": "web", "name": "Web", "writeKeys": ["k"], "blockedEvents": []}
+    record = {
+        "id": "web",
+        "name": "Web",
+        "writeKeys": ["k"],
+        "blockedEvents": [],
+        "changedBy": "apply",
+        "changedAt": 1,
+    }
     data = codec.encode("Source", record)
     assert data[:2] == MAGIC
     assert codec.decode("Source", data) == record
@@ -740,9 +747,18 @@ def check_resolution(registry: FakeSchemaRegistry, codec: Any) -> None:
         "name": "Web",
         "writeKeys": [],
         "blockedEvents": [],
+        "changedBy": None,
+        "changedAt": None,
     }
     # Records already on the topics in single-object encoding still decode after the switch.
-    record = {"id": "app", "name": "App", "writeKeys": ["k"], "blockedEvents": ["Debug"]}
+    record = {
+        "id": "app",
+        "name": "App",
+        "writeKeys": ["k"],
+        "blockedEvents": ["Debug"],
+        "changedBy": "console:ab12",
+        "changedAt": 2,
+    }
     assert codec.decode("Source", Codec.default().encode("Source", record)) == record
 
 
