@@ -689,3 +689,16 @@ def delivery_figures(
     missing = {f"m-{i}" for i in range(calls)} - set(seen)
     assert not missing, f"{len(missing)} calls lost, e.g. {sorted(missing)[:5]}"
     return duplicates
+
+
+def delivery_log_entries(settings: Settings, kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """(messageId, entry) of every entry of ``kind`` on the delivery log topic now."""
+    from pipeline.kafka.log_batches import decode_log_records
+    from pipeline.kafka.topic_reader import read_topic as read_to_end
+
+    codec = Codec.default()
+    found = []
+    for message in read_to_end(settings, topics_for(settings).log):
+        for record in decode_log_records(codec, message.value()):
+            found += [(record["messageId"], e) for e in record["entries"] if e["kind"] == kind]
+    return found

@@ -32,6 +32,7 @@ __all__ = [
     "RESPONSE_SNIPPET_BYTES",
     "call_log_record",
     "conclusion_log_record",
+    "suppressed_log_record",
     "entry",
     "LOG_BATCH_BYTES",
     "log_batch",
@@ -292,6 +293,13 @@ def conclusion_log_record(
     else:
         entries.append(entry(LogKind.DEAD_LETTERED, done, destination=destination, reason=reason))
     return log_record(before.message_id, before.source_id, before.call_type, entries)
+
+
+def suppressed_log_record(delivery: Delivery, at: int, reason: str) -> Record:
+    """The delivery handler's record for a delivery it suppressed at ``at`` (epoch ms) without
+    an attempt: a deletion request for the user came after the call (``reason`` says so)."""
+    suppressed = entry(LogKind.SUPPRESSED, at, destination=delivery.destination_id, reason=reason)
+    return log_record(delivery.message_id, delivery.source_id, delivery.call_type, [suppressed])
 
 
 _KINDS = {kind.value: kind for kind in LogKind}

@@ -41,6 +41,10 @@ __all__ = [
     "trait_state_from_record",
     "deletion_request_to_record",
     "deletion_request_from_record",
+    "ReplayPosition",
+    "RangeReplay",
+    "range_replay_to_record",
+    "range_replay_from_record",
 ]
 
 Record = dict[str, Any]
@@ -139,7 +143,12 @@ class Delivery(NamedTuple):
     tier: int = -1
     """-1 on the main topic, else the retry tier this record was written to."""
     replays: int = 0
+    """How often this delivery was sent again: a dead letter's replay, or ``pipeline replay``."""
     attempts: tuple[Attempt, ...] = ()
+    user_id: str | None = None
+    """The call's user id, ``""`` for an anonymous call: a deletion request suppresses the
+    user's pending deliveries by it. ``None``: unknown (a record written before the field
+    existed; its body has the user id)."""
 
     @classmethod
     def for_call(cls, call: Call, destination_id: str, body: bytes) -> Delivery:
@@ -151,6 +160,13 @@ class Delivery(NamedTuple):
             call.type.value,
             body,
             call.received_at,
+            None,
+            None,
+            0,
+            -1,
+            0,
+            (),
+            call.user_id or "",  # positional: keywords cost twice as much on the router's path
         )
 
     # The two changes the delivery handler makes, written out: ``_replace`` costs twice as much
@@ -171,6 +187,7 @@ class Delivery(NamedTuple):
             self.tier,
             self.replays,
             self.attempts,
+            self.user_id,
         )
 
     def attempted(
@@ -191,6 +208,7 @@ class Delivery(NamedTuple):
             self.tier if tier is None else tier,
             self.replays,
             self.attempts + attempts,
+            self.user_id,
         )
 
 
@@ -223,6 +241,7 @@ def delivery_to_record(delivery: Delivery) -> Record:
             }
             for a in delivery.attempts
         ],
+        "userId": delivery.user_id,
     }
 
 
@@ -245,6 +264,7 @@ def delivery_from_record(record: Record) -> Delivery:
         )
         if attempts
         else (),
+        record["userId"],
     )
 
 
@@ -397,5 +417,89 @@ def deletion_request_from_record(record: Record) -> DeletionRequest:
                 ),
             )
             for event in record["requests"]
+        ),
+    )
+
+
+# ---- RangeReplay -----------------------------------------------------------------------------
+
+
+class ReplayPosition(NamedTuple):
+    """How far a range replay got in one partition of ``calls``."""
+
+    partition: int
+    next: int
+    """The next offset to read: every record before it was handed off."""
+    end: int
+    """Where the range was estimated to end when the replay started (for progress)."""
+    done: bool = False
+
+
+class RangeReplay(NamedTuple):
+    """A replay of retained calls to one destination and how far it got (``RangeReplay`` in
+    range_replay.avsc). Times are epoch ms."""
+
+    id: str
+    destination_id: str
+    source_id: str | None
+    call_type: str | None
+    user_id: str | None
+    since: int
+    until: int
+    since_text: str
+    until_text: str
+    rate: float
+    started_at: int
+    updated_at: int
+    finished_at: int | None = None
+    scanned: int = 0
+    sent: int = 0
+    positions: tuple[ReplayPosition, ...] = ()
+
+
+def range_replay_to_record(replay: RangeReplay) -> Record:
+    return {
+        "id": replay.id,
+        "destinationId": replay.destination_id,
+        "sourceId": replay.source_id,
+        "callType": replay.call_type,
+        "userId": replay.user_id,
+        "since": replay.since,
+        "until": replay.until,
+        "sinceText": replay.since_text,
+        "untilText": replay.until_text,
+        "rate": replay.rate,
+        "startedAt": replay.started_at,
+        "updatedAt": replay.updated_at,
+        "finishedAt": replay.finished_at,
+        "scanned": replay.scanned,
+        "sent": replay.sent,
+        "positions": [
+            {"partition": p.partition, "next": p.next, "end": p.end, "done": p.done}
+            for p in replay.positions
+        ],
+    }
+
+
+def range_replay_from_record(record: Record) -> RangeReplay:
+    return RangeReplay(
+        record["id"],
+        record["destinationId"],
+        record["sourceId"],
+        record["callType"],
+        record["userId"],
+        record["since"],
+        record["until"],
+        record["sinceText"],
+        record["untilText"],
+        record["rate"],
+        record["startedAt"],
+        record["updatedAt"],
+        record["finishedAt"],
+        record["scanned"],
+        record["sent"],
+        tuple(
+            ReplayPosition(p["partition"], p["next"], p["end"], p["done"])
+            for p in record["positions"]
         ),
     )

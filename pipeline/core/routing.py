@@ -25,7 +25,7 @@ from pipeline.core.integrations import is_enabled
 from pipeline.core.records import Delivery
 from pipeline.core.render import render_body
 
-__all__ = ["DropReason", "Route", "route", "Routed", "route_record"]
+__all__ = ["DropReason", "Route", "route", "Routed", "route_record", "delivery_key"]
 
 
 class DropReason(enum.StrEnum):
@@ -105,13 +105,17 @@ def route_record(
     if decision.dropped is not None:
         return Routed(call.type, dropped=decision.dropped, call=call, excluded=decision.excluded)
     body = render_body(call)  # once per call: every destination and every retry send these bytes
-    user_key = b"/" + call.key
     return Routed(
         call.type,
         tuple(
-            (destination.id.encode() + user_key, Delivery.for_call(call, destination.id, body))
+            (delivery_key(destination.id, call), Delivery.for_call(call, destination.id, body))
             for destination in decision.destinations
         ),
         call=call,
         excluded=decision.excluded,
     )
+
+
+def delivery_key(destination_id: str, call: Call) -> bytes:
+    """The Kafka key of ``call``'s delivery record for a destination (see the module's doc)."""
+    return destination_id.encode() + b"/" + call.key

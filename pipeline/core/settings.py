@@ -27,6 +27,7 @@ _ENV_NAMES = {
     "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
     "commit_interval": "PIPELINE_COMMIT_INTERVAL",
     "log_retention": "PIPELINE_LOG_RETENTION",
+    "calls_retention": "PIPELINE_CALLS_RETENTION",
     "metrics_max_destinations": "PIPELINE_METRICS_MAX_DESTINATIONS",
 }
 
@@ -88,6 +89,8 @@ class Settings:
     log_store_url: str = ""
     #: How long the delivery log is kept, in the store and on ``deliveries.log``.
     log_retention: float = 7 * 86400.0
+    #: How long ``calls`` keeps what was sent: the window ``pipeline replay`` can send again.
+    calls_retention: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -137,6 +140,7 @@ class Settings:
         flag("PIPELINE_LOG_BODIES", "log_bodies")
         text("PIPELINE_LOG_STORE_URL", "log_store_url")
         seconds("PIPELINE_LOG_RETENTION", "log_retention")
+        seconds("PIPELINE_CALLS_RETENTION", "calls_retention")
         if env.get("PIPELINE_ALLOWED_NETWORKS"):
             values["allowed_networks"] = tuple(
                 part.strip() for part in env["PIPELINE_ALLOWED_NETWORKS"].split(",") if part.strip()
@@ -166,8 +170,9 @@ class Settings:
         ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
-        if self.log_retention < 60:
-            raise ValueError(f"log_retention: must be at least 1m, got {self.log_retention:g} s")
+        for field in ("log_retention", "calls_retention"):
+            if getattr(self, field) < 60:
+                raise ValueError(f"{field}: must be at least 1m, got {getattr(self, field):g} s")
         if self.commit_interval <= 0:
             raise ValueError(f"commit_interval: must be above 0, got {self.commit_interval:g} s")
         if not self.retry_delays:

@@ -57,6 +57,12 @@ class Topics:
         return f"{self.dlq}.replays"
 
     @property
+    def replays(self) -> str:
+        """Replays of retained calls (``pipeline replay``) and how far each got (compacted,
+        keyed by replay id)."""
+        return f"{self.prefix}replays"
+
+    @property
     def deletion_requests(self) -> str:
         """Deletion requests and the sources they notified (compacted, keyed by user id)."""
         return f"{self.prefix}deletion-requests"

@@ -11,7 +11,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
@@ -96,7 +102,13 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
     topics = topics_for(settings)
     rf = settings.replication_factor
     specs = [
-        NewTopic(topics.calls, settings.partitions, rf),
+        NewTopic(
+            topics.calls,
+            settings.partitions,
+            rf,
+            # The replay window (``pipeline replay``): what is older is gone.
+            config={"retention.ms": str(int(settings.calls_retention * 1000))},
+        ),
         NewTopic(topics.config, 1, rf, config={"cleanup.policy": "compact"}),
         NewTopic(topics.deliveries, settings.partitions, rf),
         NewTopic(topics.dlq, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
@@ -114,6 +126,7 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
     specs += [
         NewTopic(topics.deletion_requests, settings.partitions, rf, config=compact),
         NewTopic(topics.audience_state, settings.partitions, rf, config=compact),
+        NewTopic(topics.replays, 1, rf, config=compact),
     ]
     return specs
 
@@ -148,7 +161,51 @@ def create_topics(
                 result[spec.topic] = (
                     f"exists with {count} partitions (setting: {spec.num_partitions})"
                 )
+    followed = _followed_configs(settings)
+    for spec in wanted:
+        if result[spec.topic].startswith("exists") and spec.topic in followed:
+            changed = _apply_configs(admin, spec.topic, followed[spec.topic], timeout)
+            if changed:
+                result[spec.topic] += f" ({changed})"
     return result
+
+
+def _followed_configs(settings: Settings) -> dict[str, dict[str, str]]:
+    """Topic configs that follow a setting, so ``topics create`` applies a changed setting to a
+    topic that exists already (``PIPELINE_CALLS_RETENTION``: the replay window;
+    ``PIPELINE_LOG_RETENTION``). Other configs of an existing topic are left as they are: an
+    operator may have tuned them by hand."""
+    topics = topics_for(settings)
+    return {
+        topics.calls: {"retention.ms": str(int(settings.calls_retention * 1000))},
+        topics.log: {"retention.ms": str(int(settings.log_retention * 1000))},
+    }
+
+
+def _apply_configs(admin: AdminClient, topic: str, wanted: dict[str, str], timeout: float) -> str:
+    """Set ``wanted`` on ``topic`` where it differs; says what changed ("" when nothing did)."""
+    resource = ConfigResource("TOPIC", topic)
+    try:
+        current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+        changes = {
+            name: value
+            for name, value in wanted.items()
+            if name not in current or current[name].value != value
+        }
+        if not changes:
+            return ""
+        entries = [
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in changes.items()
+        ]
+        altered = ConfigResource("TOPIC", topic, incremental_configs=entries)
+        admin.incremental_alter_configs([altered], request_timeout=timeout)[altered].result()
+    except KafkaException as exc:
+        raise BrokerUnavailable(f"could not set {wanted} on topic {topic}: {exc}") from None
+    return ", ".join(
+        f"{name} {current[name].value if name in current else 'unset'} -> {value}"
+        for name, value in changes.items()
+    )
 
 
 def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:

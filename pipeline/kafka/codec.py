@@ -46,6 +46,7 @@ _SCHEMA_FILES = (
     "log_record",
     "log_batch",
     "operational_event",
+    "range_replay",
 )
 
 

@@ -7,7 +7,9 @@ For each record:
 
 0. Not due yet (``notBefore``): due within ``HOLD_SECONDS`` → held here until it is; later → the
    consumer loop pauses the partition until ``HOLD_SECONDS`` before it is due.
-1. Look the destination up in the live config (deleted → dead letter, disabled → dead letter).
+1. A deletion request for the call's user came after the call → suppressed: logged and counted,
+   never attempted (``pipeline.core.suppression``). Then look the destination up in the live
+   config (deleted → dead letter, disabled → dead letter).
 2. Past the deadline → dead letter ``deadline_exceeded`` without an attempt.
 3. POST to every webhook at once and combine the answers (``pipeline.core.outcomes.decide``).
 4. Delivered → finished. Retry → the next tier with its ``notBefore`` (``RetrySchedule``), or the
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -36,7 +38,7 @@ from pipeline.core.dead_letters import dead_letter
 from pipeline.core.delivery_policy import Conclusion, Go, Park, before_attempt, conclude, park
 from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import UndecodableRecord
-from pipeline.core.log_entries import conclusion_log_record
+from pipeline.core.log_entries import conclusion_log_record, suppressed_log_record
 from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult
 from pipeline.core.records import (
     DeadLetter,
@@ -47,6 +49,7 @@ from pipeline.core.records import (
 )
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
+from pipeline.core.suppression import SUPPRESSED_REASON, suppressed_by
 from pipeline.core.topics import Topics
 from pipeline.http.sender import WebhookSender
 from pipeline.kafka.codec import Codec, RecordCodec
@@ -94,7 +97,11 @@ class DeliveryHandler:
         stop: asyncio.Event,
         codec: RecordCodec | None = None,
         schedule: RetrySchedule | None = None,
+        deleted: Mapping[str, int] | None = None,
     ) -> None:
+        """``deleted``: user id → time of the user's latest deletion request (epoch ms), kept
+        up to date by a ``DeletionFollower``; the user's calls received before it are
+        suppressed."""
         self.role = role
         self._topics_in = list(topics_in)
         self._topics = topics
@@ -127,6 +134,7 @@ class DeliveryHandler:
         self._metrics: dict[str, _DestinationMetrics] = {}
         self._bodies_direct = writes_bodies(self._codec)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
+        self._deleted: Mapping[str, int] = {} if deleted is None else deleted
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -198,6 +206,9 @@ class DeliveryHandler:
         """A due record: decided without a request (appended to ``decided``), or a request's
         task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
         try:
+            if self._deleted and suppressed_by(record, self._deleted) is not None:
+                decided.append(self._suppressed(taken, record, now))
+                return
             destination = self._follower.table.destinations.get(record.destination_id)
             if self._parking and self._park(taken, record, destination, now, decided):
                 return
@@ -242,6 +253,14 @@ class DeliveryHandler:
                 return
             if decided:
                 self._spawn(self._hand_off_all(decided, loop))
+
+    def _suppressed(self, taken: Taken, record: Delivery, now: float) -> Decided:
+        """A record a deletion request suppresses: nothing to produce but its log record."""
+        self._metrics_of(record.destination_id).suppressed.inc()
+        logged = None
+        if self._log is not None:
+            logged = suppressed_log_record(record, int(now * 1000), SUPPRESSED_REASON)
+        return (taken, [], logged)
 
     def _give_up(self, exc: BaseException) -> None:
         """Not a record's fault (the Schema Registry is down): stop the worker, finish nothing."""
@@ -532,7 +551,8 @@ class DeliveryHandler:
             else:
                 logged = self._log_record(before, conclusion, finished, results, started)
         if outcome is Outcome.DELIVERED:
-            metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
+            if not record.replays:  # a replay's call arrived long ago: not the pipeline's latency
+                metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
             return [], logged  # a delivered record is not kept, so neither is its attempt history
         if outcome is Outcome.RETRY:
             counted.retries[record.tier].inc()
@@ -634,7 +654,15 @@ class _DestinationMetrics:
     """One destination's metric series (``destination`` label: its id, or ``other`` past
     ``PIPELINE_METRICS_MAX_DESTINATIONS``), looked up once."""
 
-    __slots__ = ("outcomes", "attempt_seconds", "retries", "parked", "_circuits", "_open")
+    __slots__ = (
+        "outcomes",
+        "attempt_seconds",
+        "retries",
+        "parked",
+        "suppressed",
+        "_circuits",
+        "_open",
+    )
 
     def __init__(self, destination: str, tiers: int) -> None:
         label = metrics.destination_label(destination)
@@ -645,6 +673,7 @@ class _DestinationMetrics:
             r: metrics.PARKED.labels(label, r)
             for r in ("circuit_open", "in_flight", "silent", "rate_limited")
         }
+        self.suppressed = metrics.SUPPRESSED.labels(label)
         self._circuits = metrics.CIRCUITS_OPEN.labels(label)
         self._open = -1
 

@@ -15,6 +15,7 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop
+from pipeline.kafka.deletions import DeletionFollower
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
@@ -52,10 +53,15 @@ async def run_roles(
     topics = topics_for(settings)
     codec = make_codec(settings)
     follower = ConfigFollower(settings, codec=codec).start()
+    delivering = "deliver" in roles or "retry" in roles
+    # The delivery roles suppress what a deletion request covers: they start knowing them all.
+    deletions = DeletionFollower(settings, codec=codec).start() if delivering else None
     producer: AsyncProducer | None = None
     sender: WebhookSender | None = None
     try:
         await asyncio.to_thread(follower.wait_ready, 60.0)
+        if deletions is not None:
+            await asyncio.to_thread(deletions.wait_ready, 60.0)
         producer = AsyncProducer(settings)
         loops: list[ConsumerLoop] = []
         if "router" in roles:
@@ -81,7 +87,7 @@ async def run_roles(
                     commits=not handler.transactional,
                 )
             )
-        if "deliver" in roles or "retry" in roles:
+        if delivering:
             sender = await WebhookSender(settings).start()
         for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
             if role in roles:
@@ -96,6 +102,7 @@ async def run_roles(
                     sender=sender,
                     stop=stop,
                     codec=codec,
+                    deleted=None if deletions is None else deletions.deleted,
                 )
                 overrides = _RETRY_CONSUMER if role == "retry" else None
                 loops.append(
@@ -119,3 +126,5 @@ async def run_roles(
         if producer is not None:
             await asyncio.to_thread(producer.close)
         follower.stop()
+        if deletions is not None:
+            deletions.stop()

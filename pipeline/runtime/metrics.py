@@ -27,6 +27,7 @@ __all__ = [
     "DEAD_LETTERS",
     "CIRCUITS_OPEN",
     "PARKED",
+    "SUPPRESSED",
     "UNKNOWN_DESTINATION",
     "OTHER_DESTINATIONS",
     "DestinationLabels",
@@ -94,6 +95,12 @@ PARKED = Counter(
     "its max_in_flight; silent: its webhooks have requests out and none came back for half the "
     "delivery timeout; rate_limited: its turn under rate_limit is more than a second away).",
     ["destination", "reason"],
+)
+SUPPRESSED = Counter(
+    "pipeline_suppressed",
+    "Deliveries not made because a deletion request for the user came after the call, by "
+    "destination (each is a `suppressed` entry in the delivery log).",
+    ["destination"],
 )
 CIRCUITS_OPEN = Gauge(
     "pipeline_circuits_open",

@@ -56,6 +56,7 @@ def test_every_command_module_registers_and_dispatches():
         ["stats"],
         ["log-store"],
         ["console"],
+        ["replay", "--destination", "d", "--since", "1h"],
     ]
     seen = set()
     for argv in samples:

@@ -40,8 +40,14 @@ def test_one_delivery_per_destination_keyed_destination_slash_user() -> None:
     assert routed == Routed(
         call.type,
         (
-            (b"hooks-a/u1", Delivery(call.message_id, "hooks-a", "web", "track", body, 7)),
-            (b"hooks-b/u1", Delivery(call.message_id, "hooks-b", "web", "track", body, 7)),
+            (
+                b"hooks-a/u1",
+                Delivery(call.message_id, "hooks-a", "web", "track", body, 7, user_id="u1"),
+            ),
+            (
+                b"hooks-b/u1",
+                Delivery(call.message_id, "hooks-b", "web", "track", body, 7, user_id="u1"),
+            ),
         ),
         call=call,
     )
