@@ -22,6 +22,9 @@ from collections.abc import Callable
 
 __all__ = ["CircuitBreaker", "CircuitState"]
 
+#: What ``retry_in`` answers at least while a probe runs past its timeout (its answer is due).
+_LEAST_WAIT = 0.1
+
 
 class CircuitState(enum.StrEnum):
     CLOSED = "closed"
@@ -30,22 +33,37 @@ class CircuitState(enum.StrEnum):
 
 
 class CircuitBreaker:
-    __slots__ = ("failures", "cool_down", "_clock", "state", "_run", "_opened_at", "_probing")
+    __slots__ = (
+        "failures",
+        "cool_down",
+        "probe_timeout",
+        "_clock",
+        "state",
+        "_run",
+        "_opened_at",
+        "_probing",
+        "_probe_started",
+    )
 
     def __init__(
         self,
         *,
         failures: int = 5,
         cool_down: float = 30.0,
+        probe_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``probe_timeout``: how long a probe can take at most (the delivery timeout): what a
+        caller asking ``retry_in`` during a probe waits for, at most."""
         self.failures = failures
         self.cool_down = cool_down
+        self.probe_timeout = probe_timeout
         self._clock = clock
         self.state = CircuitState.CLOSED
         self._run = 0
         self._opened_at = 0.0
         self._probing = False
+        self._probe_started = 0.0
 
     def allow(self) -> bool:
         """May a request be sent now? (In half-open state, only the one probe.)"""
@@ -54,6 +72,7 @@ class CircuitBreaker:
         if self.state is not CircuitState.CLOSED:  # cool-down over, or half open: the probe
             self.state = CircuitState.HALF_OPEN
             self._probing = True
+            self._probe_started = self._clock()
         return True
 
     def refuses(self) -> bool:
@@ -72,11 +91,20 @@ class CircuitBreaker:
 
     def retry_in(self) -> float:
         """Seconds until ``allow()`` may let a request through again: the rest of the cool-down
-        when open; a probe's worth (1 s) while the half-open probe runs; 0 when closed."""
+        when open; while the half-open probe runs, until its answer is due at the latest (a
+        record parked for less would come back to a probe still running, and be parked again);
+        0 when closed.
+
+        >>> now = [0.0]
+        >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, probe_timeout=5.0, clock=lambda: now[0])
+        >>> breaker.record(ok=False); now[0] = 31.0; breaker.allow(); now[0] = 32.0; breaker.retry_in()
+        True
+        4.0
+        """
         if self.state is CircuitState.OPEN:
             return max(0.0, self.cool_down - (self._clock() - self._opened_at))
         if self.state is CircuitState.HALF_OPEN and self._probing:
-            return 1.0
+            return max(_LEAST_WAIT, self._probe_started + self.probe_timeout - self._clock())
         return 0.0
 
     def record(self, *, ok: bool) -> None:

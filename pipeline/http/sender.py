@@ -105,7 +105,11 @@ HOST_FAILURES = frozenset({Failure.CONNECTION_ERROR, Failure.TLS_ERROR})
 
 
 def _breaker(settings: Settings) -> CircuitBreaker:
-    return CircuitBreaker(failures=settings.circuit_failures, cool_down=settings.circuit_cool_down)
+    return CircuitBreaker(
+        failures=settings.circuit_failures,
+        cool_down=settings.circuit_cool_down,
+        probe_timeout=settings.delivery_timeout,
+    )
 
 
 class _Host:
