@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.config import Destination, Source
+from pipeline.core.config import ConfigTable, Destination, Source, config_data
 
 __all__ = [
     "Bar",
@@ -22,6 +22,7 @@ __all__ = [
     "bars",
     "changed_fields",
     "destination_data",
+    "destination_form",
     "mask_key",
     "problems_by_field",
     "webhook_rows",
@@ -56,7 +57,8 @@ def _headers(text: str, field: str) -> dict[str, str]:
         name, colon, value = line.partition(":")
         if not colon or not name.strip():
             raise FormError(field, f"line {number} {line!r} is not 'Name: value'")
-        headers[name.strip()] = value.strip()
+        # "Name: value": the one space after the colon is the form's; the rest is the value's.
+        headers[name.strip()] = value[1:] if value.startswith(" ") else value
     return headers
 
 
@@ -85,7 +87,7 @@ def destination_data(
     """
     data: dict[str, Any] = {
         "id": current.id if current is not None else form.get("id", "").strip(),
-        "name": form.get("name", "").strip() or "Webhooks",
+        "name": form.get("name", ""),
         "enabled": form.get("enabled") == "on",
         "sources": list(sources),
     }
@@ -126,6 +128,34 @@ def destination_data(
     if disable_after := form.get("disable_after", "").strip():
         data["disable_after"] = disable_after
     return data
+
+
+def destination_form(dest: Destination | None) -> dict[str, str]:
+    """The form's fields for ``dest`` (a new destination's defaults for ``None``): the inverse of
+    ``destination_data``. The secret is never among them; durations are written as the config
+    file writes them (``10s``, ``4h``)."""
+    if dest is None:
+        return {"enabled": "on", "name": "Webhooks"}
+    exported: dict[str, Any] = config_data(ConfigTable.build((), (dest,)))["destinations"][0]
+    retry = exported.get("retry") or {}
+    form = {
+        "name": dest.name,
+        "enabled": "on" if dest.enabled else "",
+        "retry_delays": ", ".join(str(delay) for delay in retry.get("delays") or []),
+        "retry_deadline": str(retry.get("deadline") or ""),
+        "max_in_flight": "" if dest.max_in_flight is None else str(dest.max_in_flight),
+        "rate_limit": "" if dest.rate_limit is None else _number_text(dest.rate_limit),
+        "disable_after": str(exported.get("disable_after") or ""),
+    }
+    for row, hook in enumerate(dest.webhooks):
+        form[f"url_{row}"] = hook.url
+        form[f"headers_{row}"] = "\n".join(f"{k}: {v}" for k, v in hook.headers.items())
+    return form
+
+
+def _number_text(value: float) -> str:
+    """``50`` for 50.0, else the shortest text that reads back as ``value``."""
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 _LOCATION = re.compile(r"^destinations\[\d+\](?: \([^)]*\))?(?:\.(?P<field>[^:]+))?: (?P<text>.*)$")

@@ -7,9 +7,11 @@ post/redirect/get pattern), so a reload never submits twice.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp_jinja2
 import orjson
@@ -17,12 +19,13 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from pipeline.core.calls import CallType, new_message_id, parse_call
-from pipeline.core.config import Destination, Source, config_data, validate_config
+from pipeline.core.config import ConfigTable, Destination, Source, config_data, validate_config
 from pipeline.core.console import (
     Bar,
     FormError,
     bars,
     destination_data,
+    destination_form,
     mask_key,
     problems_by_field,
     webhook_rows,
@@ -237,7 +240,7 @@ class Views:
         table = self.console.table
         rows = webhook_rows(dest)
         if form is None:
-            form = _form_of(dest)
+            form = destination_form(dest)
             checked_sources = list(dest.sources) if dest else []
         else:
             rows = max(rows, 1 + max((int(k[4:]) for k in form if k.startswith("url_")), default=0))
@@ -385,7 +388,7 @@ class Views:
         q = request.query
         message_id = q.get("message_id", "").strip()
         if message_id:
-            raise web.HTTPSeeOther(f"/messages/{_quote(message_id)}")
+            raise web.HTTPSeeOther(f"/messages/{quote(message_id, safe='')}")
         error = None
         journeys = None
         if any(q.get(k) for k in ("user", "destination", "state", "since", "source", "type")):
@@ -565,51 +568,10 @@ class Views:
 
 
 async def _in_thread(function: Any, *args: Any) -> Any:
-    import asyncio
-
     return await asyncio.to_thread(function, *args)
 
 
-def _quote(text: str) -> str:
-    from urllib.parse import quote
-
-    return quote(text, safe="")
-
-
-def _form_of(dest: Destination | None) -> dict[str, str]:
-    """The form's fields for an existing destination (the secret never among them)."""
-    if dest is None:
-        return {"enabled": "on", "name": "Webhooks"}
-    form = {
-        "name": dest.name,
-        "enabled": "on" if dest.enabled else "",
-        "retry_delays": "",
-        "retry_deadline": "",
-        "max_in_flight": "" if dest.max_in_flight is None else str(dest.max_in_flight),
-        "rate_limit": "" if dest.rate_limit is None else f"{dest.rate_limit:g}",
-        "disable_after": "",
-    }
-    exported = config_data_destination(dest)
-    retry = exported.get("retry") or {}
-    form["retry_delays"] = ", ".join(retry.get("delays") or [])
-    form["retry_deadline"] = retry.get("deadline") or ""
-    form["disable_after"] = exported.get("disable_after") or ""
-    for row, hook in enumerate(dest.webhooks):
-        form[f"url_{row}"] = hook.url
-        form[f"headers_{row}"] = "\n".join(f"{k}: {v}" for k, v in hook.headers.items())
-    return form
-
-
-def config_data_destination(dest: Destination) -> dict[str, Any]:
-    """The destination as the config file writes it (durations as ``10s``, ``4h``)."""
-    from pipeline.core.config import ConfigTable
-
-    data = config_data(ConfigTable.build((), (dest,)))
-    found: dict[str, Any] = data["destinations"][0]
-    return found
-
-
-def _validated_destination(table: Any, data: dict[str, Any]) -> Destination:
+def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destination:
     """The destination ``data`` describes, validated within the live config as ``config apply``
     would validate the file (``ConfigError`` with its words otherwise)."""
     whole = config_data(table)

@@ -4,18 +4,22 @@ their fields, what a change changed, masked keys, chart bars."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
 
-from pipeline.core.config import Destination, Source, Webhook, validate_config
+from pipeline.core.config import ConfigTable, Destination, Source, Webhook, validate_config
 from pipeline.core.console import (
     FormError,
     bars,
     changed_fields,
     destination_data,
+    destination_form,
     mask_key,
     problems_by_field,
     webhook_rows,
 )
 from pipeline.core.exceptions import ConfigError
+
+from ._config_tables import config_tables
 
 CURRENT = Destination(
     id="hooks",
@@ -33,7 +37,7 @@ def form(**fields: str) -> dict[str, str]:
 def test_a_form_becomes_the_config_files_mapping():
     data = destination_data(
         form(
-            headers_0="Authorization: Bearer x\n\nX-Team:  growth ",
+            headers_0="Authorization: Bearer x\n\nX-Team:growth\nX-Spaced:  kept ",
             url_1="https://b.example/hook",
             retry_delays="10s, 1m",
             retry_deadline="2h",
@@ -52,7 +56,7 @@ def test_a_form_becomes_the_config_files_mapping():
         "webhooks": [
             {
                 "url": "https://a.example/hook",
-                "headers": {"Authorization": "Bearer x", "X-Team": "growth"},
+                "headers": {"Authorization": "Bearer x", "X-Team": "growth", "X-Spaced": " kept "},
             },
             {"url": "https://b.example/hook", "headers": {}},
         ],
@@ -142,3 +146,19 @@ def test_bars_scale_to_the_busiest_hour_and_fill_empty_hours():
     ]
     assert drawn[0].title == "3 delivered, 1 failed"
     assert all(b.delivered == b.failed == 0 for b in bars([], 0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(config_tables())
+def test_a_destinations_form_saved_unchanged_gives_the_same_destination(table: ConfigTable):
+    """The form a page shows for a destination, posted back as it is, validates (as ``config
+    apply`` would) to that destination; the pipeline's own disable marks are kept by the view."""
+    for dest in table.destinations.values():
+        data = destination_data(destination_form(dest), dest.sources, dest)
+        sources = [{"id": s} for s in table.sources]
+        rebuilt = validate_config({"sources": sources, "destinations": [data]}).destinations[0]
+        assert rebuilt == dest.model_copy(update={"disabled_reason": None, "disabled_at": None})
+
+
+def test_a_new_destinations_form_starts_enabled():
+    assert destination_form(None) == {"enabled": "on", "name": "Webhooks"}
