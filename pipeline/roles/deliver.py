@@ -125,7 +125,9 @@ class DeliveryHandler:
         self._owned: set[tuple[str, int]] = set()
         self._events = EventEmitter(producer, self._codec, topics.events)
         self._failing_since: dict[str, float] = {}
-        self._disabling: set[str] = set()
+        #: Destinations this process disabled, as they were then: once the config holds another
+        #: version (re-enabled in the console or by apply), their failures count afresh.
+        self._disabling: dict[str, Destination] = {}
         self._dead_letters: dict[str, int] = {}
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
@@ -322,10 +324,16 @@ class DeliveryHandler:
         if outcome is Outcome.DELIVERED:
             self._failing_since.pop(destination.id, None)
             return
+        disabled_from = self._disabling.get(destination.id)
+        if disabled_from is not None:
+            if destination == disabled_from:
+                return  # disabled already; the config does not say so yet
+            del self._disabling[destination.id]  # enabled again since: a new run of failures
+            self._failing_since[destination.id] = at
         since = self._failing_since.setdefault(destination.id, at)
-        if at - since < destination.disable_after or destination.id in self._disabling:
+        if at - since < destination.disable_after:
             return
-        self._disabling.add(destination.id)
+        self._disabling[destination.id] = destination
         reason = (
             f"every attempt failed for {format_duration(at - since)} "
             f"(disable_after {format_duration(destination.disable_after)})"

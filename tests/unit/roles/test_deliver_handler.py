@@ -515,6 +515,42 @@ def test_a_destination_failing_every_attempt_for_disable_after_is_disabled() -> 
     assert [e["kind"] for e in events(producer)] == ["destination_disabled"]
 
 
+def test_a_destination_enabled_again_is_disabled_again_after_a_new_run() -> None:
+    from pipeline.core.outcomes import Outcome
+
+    producer = FakeProducer()
+    table = ConfigTable.build(
+        [Source(id="web", write_keys=["wk"])],
+        [Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], disable_after=60)],  # type: ignore[list-item]
+    )
+    destination = table.destinations["hooks"]
+    # Enabled again in the console: the config holds another version of it.
+    again = destination.model_copy(update={"name": "Hooks"})
+
+    async def go() -> None:
+        handler = handler_for(producer, FakeSender(lambda d: [E503]), table=table)
+        handler._failing(destination, Outcome.RETRY, 1000.0)
+        handler._failing(destination, Outcome.RETRY, 1060.0)  # disabled
+        handler._failing(destination, Outcome.RETRY, 1070.0)  # the config does not say so yet
+        handler._failing(again, Outcome.RETRY, 1100.0)  # a new run starts here
+        handler._failing(again, Outcome.RETRY, 1159.0)  # 59 s: not yet
+        handler._failing(again, Outcome.RETRY, 1160.0)  # disabled again
+        while handler._tasks:
+            await handler.aclose()
+
+    asyncio.run(go())
+    disabled_at = [
+        _decode(value).disabled_at for topic, _, value in producer.sent if topic == TOPICS.config
+    ]
+    assert disabled_at == [1_060_000, 1_160_000]
+
+
+def _decode(value: bytes) -> Destination:
+    from pipeline.kafka.config_store import _decode_destination
+
+    return _decode_destination(CODEC.decode("Destination", value))
+
+
 def test_a_record_refused_while_it_waited_is_parked() -> None:
     class FellSilent(FakeSender):
         def silent(self, destination: Destination) -> bool:
