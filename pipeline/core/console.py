@@ -158,7 +158,9 @@ def _number_text(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-_LOCATION = re.compile(r"^destinations\[\d+\](?: \([^)]*\))?(?:\.(?P<field>[^:]+))?: (?P<text>.*)$")
+_LOCATION = re.compile(
+    r"^destinations\[\d+\](?: \((?P<id>[^)]*)\))?(?:\.(?P<field>[^:]+))?: (?P<text>.*)$"
+)
 
 
 def problems_by_field(problems: Sequence[str], destination_id: str) -> dict[str, list[str]]:
@@ -172,7 +174,7 @@ def problems_by_field(problems: Sequence[str], destination_id: str) -> dict[str,
     for problem in problems:
         match = _LOCATION.match(problem)
         field = ""
-        if match is not None and f"({destination_id})" in problem.split(":", 1)[0]:
+        if match is not None and match.group("id") == destination_id:
             field = match.group("field") or ""
         found.setdefault(field, []).append(problem)
     return found

@@ -10,7 +10,9 @@ and redirect, long jobs refresh their page. See docs/decisions.md ("Console").
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp_jinja2
 import jinja2
@@ -27,8 +29,17 @@ _HERE = Path(__file__).parent
 
 
 def loopback(host: str) -> bool:
-    """Whether ``host`` is only reachable from this machine."""
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """Whether ``host`` is a loopback address (or ``localhost``): only reachable from here.
+
+    >>> loopback("127.0.0.1"), loopback("::1"), loopback("127.evil.example"), loopback("0.0.0.0")
+    (True, True, False, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def make_console_app(
@@ -43,6 +54,8 @@ def make_console_app(
         loader=jinja2.FileSystemLoader(_HERE / "templates"),
         autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
         undefined=jinja2.StrictUndefined,
+        # One path segment, whatever it holds (a messageId may hold "/" or ".."): |path.
+        filters={"path": lambda value: quote(str(value), safe="")},
     )
     Views(console, sessions).add_routes(app)
     app.router.add_static("/static/", _HERE / "static", append_version=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,8 @@ from urllib.parse import quote
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+
+from pipeline.core.exceptions import PipelineError
 
 __all__ = [
     "CSP",
@@ -29,10 +32,14 @@ __all__ = [
     "security_middleware",
 ]
 
+log = logging.getLogger("pipeline.console")
+
 SESSION_COOKIE = "pipeline_console"
 _LOGIN_COOKIE = "pipeline_console_login"
 #: A session unused this long is forgotten.
 IDLE_LIMIT = 12 * 3600.0
+#: And any session this long after its login (a page that refreshes itself stays in use).
+LIFETIME = 7 * 86400.0
 #: A wrong password costs the one who typed it this long (in its own request only).
 _WRONG_PASSWORD_DELAY = 1.0
 
@@ -86,6 +93,8 @@ class Sessions:
 
     def start(self, response: web.StreamResponse) -> Session:
         now = time.monotonic()
+        for old in [s for s in self._sessions.values() if self._expired(s, now)]:
+            del self._sessions[old.token]
         token = secrets.token_urlsafe(32)
         session = Session(token, secrets.token_hex(4), secrets.token_urlsafe(32), now, now)
         self._sessions[token] = session
@@ -105,11 +114,15 @@ class Sessions:
         if session is None:
             return None
         now = time.monotonic()
-        if now - session.last_seen > IDLE_LIMIT:
+        if self._expired(session, now):
             del self._sessions[session.token]
             return None
         session.last_seen = now
         return session
+
+    @staticmethod
+    def _expired(session: Session, now: float) -> bool:
+        return now - session.last_seen > IDLE_LIMIT or now - session.started > LIFETIME
 
     def end(self, session: Session, response: web.StreamResponse) -> None:
         self._sessions.pop(session.token, None)
@@ -157,6 +170,14 @@ def security_middleware(sessions: Sessions) -> Middleware:
         except web.HTTPException as exc:
             exc.headers.update(_HEADERS)
             raise
+        except Exception as exc:  # a page that failed: said plainly, with the same armour
+            log.exception("console: %s %s failed", request.method, request.path)
+            response = web.Response(
+                status=503 if isinstance(exc, PipelineError) else 500,
+                text=f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, PipelineError)
+                else "the console failed on this page (its log says why)",
+            )
         response.headers.update(_HEADERS)
         return response
 

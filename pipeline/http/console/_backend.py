@@ -36,6 +36,8 @@ log = logging.getLogger("pipeline.console")
 
 T = TypeVar("T")
 
+#: Finished dead-letter replays whose pages stay available.
+_KEPT_JOBS = 20
 #: How long a save waits to see its change on the config topic before saying it is not visible.
 _SAVE_VISIBLE_TIMEOUT = 10.0
 
@@ -65,6 +67,9 @@ class Console:
         self.events = EventLog(settings)
         self.sender = WebhookSender(settings)
         self.jobs: dict[str, ReplayJob] = {}
+        #: Held around every read-change-write of the config, so that two saves (two clicks,
+        #: two people) never overwrite each other.
+        self.lock = asyncio.Lock()
         self._store: LogStore | None = None
         self._store_problem: str | None = None
         self._store_lock = threading.Lock()
@@ -159,8 +164,15 @@ class Console:
 
     # ---- dead letters ---------------------------------------------------------------------------
 
+    def running_replay(self) -> ReplayJob | None:
+        return next((job for job in self.jobs.values() if not job.finished), None)
+
     def start_replay(self, selection: DlqFilter, who: str) -> ReplayJob:
+        """Start a dead-letter replay in a thread (one at a time: see ``running_replay``); the
+        last ``_KEPT_JOBS`` jobs are kept for their pages."""
         job = ReplayJob(f"r{uuid.uuid4().hex[:10]}", selection, who)
+        for old in [j for j in self.jobs.values() if j.finished][: -_KEPT_JOBS + 1 or None]:
+            del self.jobs[old.id]
         self.jobs[job.id] = job
 
         def run() -> None:

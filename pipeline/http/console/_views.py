@@ -8,8 +8,9 @@ post/redirect/get pattern), so a reload never submits twice.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -77,6 +78,16 @@ class Tile:
         )
 
 
+#: A path on this console: one slash, then no slash or backslash (``//x`` and ``/\\x`` are
+#: other hosts to a browser), no control character or space.
+_LOCAL_PATH = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
+
+
+def _local_path(target: str, default: str) -> str:
+    """``target`` if it is a path on this console, else ``default``: a redirect never leaves."""
+    return target if _LOCAL_PATH.fullmatch(target) else default
+
+
 def _session(request: web.Request) -> Session:
     return request[SESSION]
 
@@ -111,7 +122,7 @@ class Views:
         app.router.add_post("/sources/{id}/reveal", self.reveal_key)
         app.router.add_post("/sources/{id}/events", self.block_event)
         app.router.add_get("/messages", self.messages)
-        app.router.add_get("/messages/{message_id}", self.trace)
+        app.router.add_get("/messages/{message_id:.+}", self.trace)  # an id may hold "/"
         app.router.add_get("/dead-letters", self.dead_letters)
         app.router.add_post("/dead-letters/replay", self.replay_dead_letters)
         app.router.add_get("/dead-letters/jobs/{id}", self.replay_job)
@@ -170,14 +181,12 @@ class Views:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        target = str(form.get("next", "/"))
+        target = _local_path(str(form.get("next", "/")), "/")
         if not self.sessions.login_token_ok(request, str(form.get("login_token", ""))):
             return self._login_form(request, "the login form expired: try again", target)
         if not self.sessions.check_password(str(form.get("password", ""))):
             await self.sessions.wrong_password()
             return self._login_form(request, "wrong password", target)
-        if not target.startswith("/") or target.startswith("//"):
-            target = "/"  # never send the browser elsewhere
         response = web.HTTPSeeOther(target)
         self.sessions.start(response)
         raise response
@@ -236,20 +245,22 @@ class Views:
         form: dict[str, str] | None = None,
         checked_sources: list[str] | None = None,
         errors: dict[str, list[str]] | None = None,
+        status: int = 400,
     ) -> web.Response:
         table = self.console.table
         rows = webhook_rows(dest)
         if form is None:
-            form = destination_form(dest)
+            form = {**destination_form(dest), "version": self._version_of(dest)}
             checked_sources = list(dest.sources) if dest else []
-        else:
-            rows = max(rows, 1 + max((int(k[4:]) for k in form if k.startswith("url_")), default=0))
+        else:  # the rows posted, however many (a form holds at most a few more than allowed)
+            posted = [int(k[4:]) for k in form if re.fullmatch(r"url_\d{1,2}", k)]
+            rows = max(rows, 1 + max(posted, default=0))
         events = self.console.events.of(f"destination:{dest.id}") if dest is not None else []
         origin = self.console.config.origin(f"destination:{dest.id}") if dest else None
         return self._page(
             request,
             "destination.html",
-            status=400 if errors else 200,
+            status=status if errors else 200,
             dest=dest,
             form=form,
             rows=range(rows),
@@ -298,24 +309,52 @@ class Views:
                 request, current, form=form, checked_sources=checked, errors=errors
             )
         session = _session(request)
-        if current is not None:  # the pipeline's own marks stay unless the toggle changed
-            dest = _keep_disable_marks(current, dest)
-        changed = await self.console.save(dest, session.who)
+        async with self.console.lock:
+            live = self.console.table.destinations.get(str(data["id"]))
+            if current is not None and form.get("version", "") != self._version_of(live):
+                origin = self.console.config.origin(f"destination:{current.id}")
+                who = f" by {origin.changed_by}" if origin and origin.changed_by else ""
+                stale = {
+                    "": [
+                        f"this destination was changed{who} since this form was opened: "
+                        "reload it to see the change (nothing was saved)"
+                    ]
+                }
+                return self._destination_form(
+                    request, live, form=form, checked_sources=checked, errors=stale, status=409
+                )
+            if live is not None:  # the pipeline's own marks stay unless the state changed
+                dest = _keep_disable_marks(live, dest)
+            changed = await self.console.save(dest, session.who)
         flash = f"saved: {', '.join(changed)}" if changed else "nothing changed"
         raise _back(f"/destinations/{dest.id}", flash, session)
 
+    def _version_of(self, dest: Destination | None) -> str:
+        """What the form carries to tell whether the destination changed since it was opened:
+        when its config record was last written."""
+        if dest is None:
+            return ""
+        origin = self.console.config.origin(f"destination:{dest.id}")
+        return str(origin.changed_at) if origin and origin.changed_at else ""
+
     async def toggle_destination(self, request: web.Request) -> web.Response:
-        dest = self._destination_or_404(request)
-        toggled = dest.model_copy(
-            update={"enabled": not dest.enabled, "disabled_reason": None, "disabled_at": None}
-        )
-        session = _session(request)
-        await self.console.save(toggled, session.who)
-        state = "enabled" if toggled.enabled else "disabled"
+        """Set the state the button asked for (not "the other one": a page open for a while
+        must not undo a change made since, such as the pipeline's auto-disable)."""
         form = await request.post()
-        back = str(form.get("back", "/destinations"))
-        if not back.startswith("/") or back.startswith("//"):
-            back = "/destinations"
+        wanted = form.get("enabled")
+        if wanted not in ("0", "1"):
+            raise web.HTTPBadRequest(text="enabled: must be 0 or 1")
+        session = _session(request)
+        back = _local_path(str(form.get("back", "/destinations")), "/destinations")
+        async with self.console.lock:
+            dest = self._destination_or_404(request)
+            state = "enabled" if wanted == "1" else "disabled"
+            if dest.enabled == (wanted == "1"):
+                raise _back(back, f"{dest.id} is {state} already", session)
+            toggled = dest.model_copy(
+                update={"enabled": wanted == "1", "disabled_reason": None, "disabled_at": None}
+            )
+            await self.console.save(toggled, session.who)
         raise _back(back, f"{dest.id} {state}", session)
 
     # ---- sources --------------------------------------------------------------------------------
@@ -368,18 +407,19 @@ class Views:
         return await self.source(request, revealed=index)
 
     async def block_event(self, request: web.Request) -> web.Response:
-        source = self._source_or_404(request)
         form = await request.post()
         name = str(form.get("event", ""))
         action = form.get("action")
         if not name or action not in ("block", "unblock"):
             raise web.HTTPBadRequest(text="event and action (block or unblock) are required")
-        blocked = [n for n in source.blocked_events if n != name]
-        if action == "block":
-            blocked.append(name)
-        updated = source.model_copy(update={"blocked_events": blocked})
         session = _session(request)
-        await self.console.save(updated, session.who)
+        async with self.console.lock:  # read, change and write with no other save between
+            source = self._source_or_404(request)
+            blocked = [n for n in source.blocked_events if n != name]
+            if action == "block":
+                blocked.append(name)
+            updated = source.model_copy(update={"blocked_events": blocked})
+            await self.console.save(updated, session.who)
         raise _back(f"/sources/{source.id}", f"{name!r} {action}ed", session)
 
     # ---- messages -------------------------------------------------------------------------------
@@ -435,15 +475,18 @@ class Views:
         ids = [str(i) for i in values.getall("id", [])]
         if values.get("scope") == "selected" and not ids:
             raise ValueError("id: tick the dead letters to replay, or replay all that match")
-        since = None
+        since = until = None
         if values.get("since_ms"):
             since = int(str(values["since_ms"]))
         elif values.get("since"):
             since = parse_when(str(values["since"]), name="since")
+        if values.get("until_ms"):
+            until = int(str(values["until_ms"]))
         return DlqFilter(
             destination=str(values.get("destination") or "") or None,
             reason=str(values.get("reason") or "") or None,
             since=since,
+            until=until,
             ids=frozenset(ids) if ids and values.get("scope") != "all" else None,
         )
 
@@ -475,6 +518,8 @@ class Views:
             selection = self._dlq_filter(form)
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+        if selection.until is None:  # the dry run counts up to now; the replay takes that range
+            selection = replace(selection, until=now_ms())
         entries = await _in_thread(list_dead_letters, self.console.settings, selection)
         pending = [e for e in entries if e.replayed_at is None and e.replayable]
         if form.get("action") != "replay":  # the dry run: count first

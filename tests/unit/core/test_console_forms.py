@@ -162,3 +162,9 @@ def test_a_destinations_form_saved_unchanged_gives_the_same_destination(table: C
 
 def test_a_new_destinations_form_starts_enabled():
     assert destination_form(None) == {"enabled": "on", "name": "Webhooks"}
+
+
+def test_problems_of_an_id_with_a_colon_go_next_to_their_field():
+    problem = "destinations[0] (team:hooks).webhooks[0].url: 'x' has no host"
+    assert problems_by_field([problem], "team:hooks") == {"webhooks[0].url": [problem]}
+    assert problems_by_field([problem], "team") == {"": [problem]}
