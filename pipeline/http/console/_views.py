@@ -499,7 +499,7 @@ class Views:
         except ValueError as exc:
             error = str(exc)
         else:
-            entries = await _in_thread(list_dead_letters, self.console.settings, selection)
+            entries = await asyncio.to_thread(list_dead_letters, self.console.settings, selection)
         return self._page(
             request,
             "dead_letters.html",
@@ -520,7 +520,7 @@ class Views:
             raise web.HTTPBadRequest(text=str(exc)) from None
         if selection.until is None:  # the dry run counts up to now; the replay takes that range
             selection = replace(selection, until=now_ms())
-        entries = await _in_thread(list_dead_letters, self.console.settings, selection)
+        entries = await asyncio.to_thread(list_dead_letters, self.console.settings, selection)
         pending = [e for e in entries if e.replayed_at is None and e.replayable]
         if form.get("action") != "replay":  # the dry run: count first
             return self._page(
@@ -610,10 +610,6 @@ class Views:
             },
             **again,
         )
-
-
-async def _in_thread(function: Any, *args: Any) -> Any:
-    return await asyncio.to_thread(function, *args)
 
 
 def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destination:
