@@ -128,6 +128,8 @@ class ConsumerLoop:
         overrides.update(consumer_overrides or {})
         self._consumer = Consumer(consumer_config(settings, group_id, **overrides))
         self._gauge = metrics.IN_FLIGHT.labels(handler.role)
+        self._held: set[TP] = set()
+        self._held_gauge = metrics.PARTITIONS_HELD.labels(handler.role)
         self.assigned = asyncio.Event()
 
     # ---- called by handlers, on the event loop -------------------------------------------------
@@ -273,7 +275,10 @@ class ConsumerLoop:
             self.handler.role,
             ", ".join(f"{p.topic}[{p.partition}]" for p in partitions),
         )
-        self.handler.assigned([(p.topic, p.partition) for p in partitions])
+        keys = [(p.topic, p.partition) for p in partitions]
+        self._held.update(keys)
+        self._held_gauge.set(len(self._held))
+        self.handler.assigned(keys)
         loop = self._require_loop()
         loop.call_soon_threadsafe(self.assigned.set)
         # Partitions we still hold paused (kept across a cooperative rebalance): pause again.
@@ -336,6 +341,8 @@ class ConsumerLoop:
             self._gauge.dec(unfinished)
         if self._in_flight <= self._refill_at:
             self._capacity.set()
+        self._held.difference_update(keys)
+        self._held_gauge.set(len(self._held))
         self.handler.released(keys)
         return offsets
 

@@ -115,6 +115,11 @@ LOG_STORE_UNDECODABLE = Counter(
     "pipeline_log_store_undecodable", "Records of deliveries.log the log-store could not read."
 )
 IN_FLIGHT = Gauge("pipeline_in_flight", "Records a worker is working on now.", ["role"])
+PARTITIONS_HELD = Gauge(
+    "pipeline_partitions_held",
+    "Partitions the group has assigned to this worker now, by role (how the group split them).",
+    ["role"],
+)
 CONSUMER_LAG = Gauge(
     "pipeline_consumer_lag",
     "Records behind the end of the partition, from librdkafka statistics "

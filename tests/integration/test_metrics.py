@@ -254,6 +254,12 @@ def test_worker_metrics_show_the_exact_counts_of_a_scripted_run(
         (("tier", "0"),): 2 * ROUTED,
         (("tier", "1"),): ROUTED,
     }
+    # The only worker of the group holds every partition of each role's topics.
+    assert labelled(samples, "pipeline_partitions_held") == {
+        (("role", "router"),): settings.partitions,
+        (("role", "deliver"),): settings.partitions,
+        (("role", "retry"),): settings.retry_partitions * len(settings.retry_delays),
+    }
     # Histograms: every attempt observed once, the +Inf bucket agrees with the count.
     inf = ("le", "+Inf")
     assert samples[("pipeline_delivery_attempt_seconds_bucket", (inf,))] == 7 * ROUTED
