@@ -14,6 +14,11 @@ per-record work twice over per delivered call. So every writer batches:
 Readers take both a ``LogBatch`` and a lone ``LogRecord`` (``decode_log_records``), which is
 what the log held before batches.
 
+The log-store reads the same way back (``read_log_batch``): a ``LogBatch`` of the current schema
+straight from its bytes to typed ``LogRecord``s, in about 60 % of the time of fastavro's dicts and
+their conversion (the log-store's largest cost after SQLite). Anything else (an older or newer
+writer's schema, the Schema Registry's codec, bytes it does not expect) goes the dict way.
+
 The two records every delivered call makes (the router's ``received`` + ``routed``, the delivery
 handler's ``attempt`` + ``delivered``) are written straight to Avro bytes from the pipeline's own
 objects (``routed_log_body``, ``delivered_log_body``): building the dicts and walking the schema
@@ -31,7 +36,7 @@ from typing import Any
 
 from pipeline.core.calls import Call
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
-from pipeline.core.log_entries import LOG_BATCH_BYTES, LogKind, log_batch
+from pipeline.core.log_entries import LOG_BATCH_BYTES, LogEntry, LogKind, LogRecord, log_batch
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.records import Delivery
 from pipeline.kafka.avro_writer import write_int, write_long, write_string
@@ -44,6 +49,7 @@ __all__ = [
     "decode_log_records",
     "delivered_log_body",
     "log_batch_records",
+    "read_log_batch",
     "routed_log_body",
     "writes_bodies",
 ]
@@ -219,6 +225,147 @@ def decode_log_records(codec: RecordCodec, data: bytes | None) -> list[Record]:
             return [codec.decode("LogRecord", data)]
         except UndecodableRecord:
             raise batch_error from None
+
+
+_KINDS = {kind.value: kind for kind in LogKind}
+#: An entry's fields from ``destinations`` on at their defaults.
+_BLANK = _NOTHING + _TAIL
+
+
+def read_log_batch(codec: RecordCodec, data: bytes | None) -> list[LogRecord] | None:
+    """The typed records of a ``LogBatch`` written with ``codec``'s current schema, read from its
+    bytes; ``None`` for anything else (decode it with ``decode_log_records``, which reads every
+    schema and names what is wrong). The same records as ``log_record_from_avro`` makes of the
+    dicts (``tests/unit/kafka/test_log_batches.py`` checks it for arbitrary records)."""
+    if (
+        not isinstance(codec, Codec)
+        or data is None
+        or not data.startswith(codec.header("LogBatch"))
+    ):
+        return None
+    try:
+        records, end = _read_batch(data, _HEADER)
+    except (IndexError, KeyError, ValueError):  # ValueError: UnicodeDecodeError too
+        return None
+    return records if end == len(data) else None
+
+
+def _read_batch(data: bytes, pos: int) -> tuple[list[LogRecord], int]:
+    """The ``LogBatch`` body at ``pos``: its records, and where it ends. Raises ``IndexError``
+    (cut short), ``KeyError`` (an entry kind this version does not know) or ``ValueError``."""
+
+    def long() -> int:
+        nonlocal pos
+        byte = data[pos]
+        pos += 1
+        if byte < 0x80:
+            return (byte >> 1) ^ -(byte & 1)
+        n, shift = byte & 0x7F, 7
+        while True:
+            byte = data[pos]
+            pos += 1
+            n |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return (n >> 1) ^ -(n & 1)
+            shift += 7
+            if shift > 63:
+                raise ValueError("varint longer than 10 bytes")
+
+    def text() -> str:
+        nonlocal pos
+        byte = data[pos]
+        if byte == 0:
+            pos += 1
+            return ""
+        size = long()
+        if size < 0 or pos + size > len(data):
+            raise ValueError("string length out of the record")
+        value = data[pos : pos + size].decode()
+        pos += size
+        return value
+
+    def optional() -> str | None:
+        nonlocal pos
+        branch = data[pos]
+        pos += 1
+        if branch == 0:
+            return None
+        if branch != 2:
+            raise ValueError(f"union branch {branch}")
+        return text()
+
+    def count() -> int:
+        """The next array block's item count (0: the array ends)."""
+        n = long()
+        if n < 0:
+            long()  # a negative count is followed by the block's size in bytes
+            return -n
+        return n
+
+    records = []
+    n = count()
+    while n:
+        for _ in range(n):
+            message_id, source, call_type = text(), text(), text()
+            user_id, anonymous_id, event = optional(), optional(), optional()
+            entries = []
+            m = count()
+            while m:
+                for _ in range(m):
+                    kind, at, destination = _KINDS[text()], long(), text()
+                    if data.startswith(_BLANK, pos):  # delivered, and most conclusions
+                        pos += len(_BLANK)
+                        entries.append(LogEntry(kind, at, destination))
+                        continue
+                    if data.startswith(_NOTHING, pos):  # every entry but received and routed
+                        pos += len(_NOTHING)
+                        destinations: tuple[str, ...] = ()
+                        reason, size = "", 0
+                    else:
+                        names = []
+                        while k := count():
+                            names += [text() for _ in range(k)]
+                        destinations = tuple(names)
+                        reason, size = text(), long()
+                    if data.startswith(_TAIL, pos):
+                        pos += len(_TAIL)
+                        entries.append(LogEntry(kind, at, destination, destinations, reason, size))
+                        continue
+                    url = text()
+                    branch = data[pos]
+                    pos += 1
+                    if branch not in (0, 2):
+                        raise ValueError(f"union branch {branch}")
+                    status = long() if branch else None
+                    error, duration, tier, not_before = text(), long(), long(), long()
+                    attempt, response, replay_id, body = long(), text(), text(), optional()
+                    entries.append(
+                        LogEntry(
+                            kind,
+                            at,
+                            destination,
+                            destinations,
+                            reason,
+                            size,
+                            url,
+                            status,
+                            error,
+                            duration,
+                            tier,
+                            not_before,
+                            attempt,
+                            response,
+                            replay_id,
+                            body,
+                        )
+                    )
+                m = count()
+            record = LogRecord(
+                message_id, source, call_type, user_id, anonymous_id, event, tuple(entries)
+            )
+            records.append(record)
+        n = count()
+    return records, pos
 
 
 class LogBatcher:

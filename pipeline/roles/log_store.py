@@ -1,6 +1,7 @@
 """The log-store role: ``deliveries.log`` → the delivery log's store (``pipeline.store``).
 
-Records are decoded on the event loop and written by one thread, in the order they were consumed;
+Records are decoded on the event loop (``read_log_batch``, or ``decode_log_records`` for what it
+does not read) and written by one thread, in the order they were consumed;
 while one write runs, the next batches gather and go in the following one (one database
 transaction, however many batches). A record is finished once its write committed, so the consumer
 group's offsets never pass what the store holds.
@@ -32,7 +33,7 @@ from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
-from pipeline.kafka.log_batches import decode_log_records
+from pipeline.kafka.log_batches import decode_log_records, read_log_batch
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
 
@@ -85,8 +86,13 @@ class LogStoreHandler:
         rows: list[Rows] = []
         for taken in batch:
             partition, offset = taken.key[1], taken.offset
+            value = taken.message.value()
+            fast = read_log_batch(self._codec, value)
+            if fast is not None:
+                rows.append(((partition, offset), [(partition, offset, r) for r in fast]))
+                continue
             try:
-                records = decode_log_records(self._codec, taken.message.value())
+                records = decode_log_records(self._codec, value)
             except UndecodableRecord as exc:
                 self._skip(taken, exc)
                 continue
