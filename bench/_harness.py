@@ -182,7 +182,7 @@ class Deployment:
             PIPELINE_RETRY_DELAYS=",".join(f"{d:g}s" for d in s.retry_delays),
             PIPELINE_DELIVERY_TIMEOUT=f"{s.delivery_timeout:g}s",
             # As `pipeline dev` on the embedded broker, whose transactions can stall readers
-            # (docs/decisions.md); sections 1 and 9 measure the router with them on.
+            # (docs/decisions.md); section 9 measures the router with them on.
             PIPELINE_TRANSACTIONS="off",
             # Each deployment's delivery log store: a file of its own, beside the worker logs.
             PIPELINE_LOG_STORE_URL=self.log_store_url,
