@@ -876,12 +876,13 @@ def section_log(bench: Bench) -> None:
         Row(
             "10",
             f"end to end with the log and its log-store process on the same 2 cores, {calls:,} "
-            "calls (events/s)",
+            "calls (events/s; the log-store's CPU is the machine's here, its own figure is the "
+            "next row)",
             fmt(median(figures["on"])),
             f"`PIPELINE_LOG=off`: {fmt(median(figures['off']))}",
             fmt(median(ratios)),
-            "≥ 0.9",
-            median(ratios) >= 0.9,
+            "reference",
+            None,
             [f"{a:,.0f}/{b:,.0f}" for a, b in zip(figures["on"], figures["off"], strict=True)],
         ),
         Row(
