@@ -16,7 +16,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -652,6 +653,24 @@ def stalled_transactions(settings: Settings, topic: str) -> list[int]:
     seen = visibility(settings, topic)
     committed, present = seen["read_committed"], seen["read_uncommitted"]
     return sorted(p for p in present if committed[p] < present[p])
+
+
+@contextmanager
+def transactions_stall_is_expected(settings: Settings, topic: str) -> Iterator[None]:
+    """A failed assertion in the block marks the test an expected failure when ``topic`` holds
+    records a read_committed reader never sees (``stalled_transactions``): the embedded broker's
+    known fault, named in the message. Any other failure still fails the test."""
+    try:
+        yield
+    except AssertionError:
+        stalled = stalled_transactions(settings, topic)
+        if stalled:
+            pytest.xfail(
+                f"tansu 0.6 left a transaction open for good on {topic} partitions {stalled} "
+                "(records present, never visible to read_committed readers); see "
+                "docs/decisions.md, Kafka"
+            )
+        raise
 
 
 def wait_or_tell(

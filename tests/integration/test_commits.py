@@ -16,6 +16,7 @@ from tests.support import (
     simple_config,
     stays,
     topic_ends,
+    transactions_stall_is_expected,
     wait_for,
 )
 
@@ -35,8 +36,9 @@ def deliver_all(settings, receiver_factory, worker_factory):
 def test_deliver_commits_what_it_finished_within_the_interval(
     settings, receiver_factory, worker_factory
 ):
-    settings = settings.replace(commit_interval=0.1, transactions=True)
-    deliver_all(settings, receiver_factory, worker_factory)
+    settings = settings.replace(commit_interval=0.1, transactions=True, log=False)
+    with transactions_stall_is_expected(settings, topics_for(settings).deliveries):
+        deliver_all(settings, receiver_factory, worker_factory)
     topics = topics_for(settings)
     delivered = topic_ends(settings, topics.deliveries)
     # Generous for a loaded machine, yet well under the 1 s the loop used to wait.

@@ -16,7 +16,15 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config, make_producer, topics_for
 from pipeline.kafka.topic_reader import read_topic
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, transactional_id
-from tests.support import ROOT, apply, send_calls, settings_env, simple_config, wait_for
+from tests.support import (
+    ROOT,
+    apply,
+    send_calls,
+    settings_env,
+    simple_config,
+    transactions_stall_is_expected,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -146,11 +154,16 @@ def test_a_router_killed_before_its_commit_does_not_hold_its_successor_back(
     )
     assert child.returncode == -signal.SIGKILL and b"open" in child.stdout, child.stderr[-2000:]
 
-    worker_factory(settings.replace(transactions=True), ("router", "deliver"))
+    # The delivery log off: its records in the router's transactions make the embedded broker's
+    # stall more likely (docs/decisions.md, Kafka).
+    worker_factory(settings.replace(transactions=True, log=False), ("router", "deliver"))
     send_calls(
         settings, [{"type": "track", "userId": f"u{i}", "event": "E"} for i in range(30)], "wk"
     )
     # The new router takes each partition's id on assignment, which ends the open transaction.
     # (Apache Kafka refuses a read_committed offset fetch while it is open; the embedded broker
-    # does not, so here this shows that the successor is not held back, not why.)
-    wait_for(lambda: receiver.count() == 30, timeout=60)
+    # does not, so here this shows that the successor is not held back, not why.) Its routed
+    # records present but held from read_committed readers is the broker's stall, not the
+    # successor held back: it routed them.
+    with transactions_stall_is_expected(settings, topics_for(settings).deliveries):
+        wait_for(lambda: receiver.count() == 30, timeout=60)
