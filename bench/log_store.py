@@ -40,9 +40,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.durations import HOUR_MS
 from pipeline.core.log_entries import LogEntry, LogKind, LogRecord
 from pipeline.store import SCHEMA_VERSION, LogQuery, LogStore, open_store
-from pipeline.store._fold import HOUR_MS, Batch
+from pipeline.store._fold import Batch
 from pipeline.store._schema import ENTRY_COLUMNS, INDEXES, JOURNEY_COLUMNS, TABLES
 from pipeline.store._store import _identities
 

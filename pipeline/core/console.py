@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core.config import ConfigTable, Destination, Source, config_data
+from pipeline.core.durations import HOUR_MS
 
 __all__ = [
     "Bar",
@@ -226,7 +227,7 @@ def bars(
     busiest = max((d + f for d, f in per_hour.values()), default=0) or 1
     found = []
     for index in range(count):
-        hour = start_hour + index * 3_600_000
+        hour = start_hour + index * HOUR_MS
         delivered, failed = per_hour.get(hour, (0, 0))
         found.append(
             Bar(

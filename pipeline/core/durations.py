@@ -10,10 +10,14 @@ __all__ = [
     "format_duration",
     "duration_seconds",
     "DURATION_HINT",
+    "HOUR_MS",
 ]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+#: An hour in epoch milliseconds: the delivery log's hourly buckets (event names, the console's
+#: charts).
+HOUR_MS = 3_600_000
 #: What every "is not a duration" message ends with.
 DURATION_HINT = "use a number with a unit, e.g. 500ms, 10s, 1m, 4h"
 

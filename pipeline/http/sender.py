@@ -70,6 +70,8 @@ class Probe:
     body: str
     seconds: float
     error: str | None = None
+
+
 _DETAIL_CHARS = 200
 
 

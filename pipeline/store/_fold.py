@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.durations import HOUR_MS
 from pipeline.core.log_entries import JourneyState, LogEntry, LogKind, LogRecord, state_after
 
 __all__ = [
-    "HOUR_MS",
     "Batch",
     "JourneyRow",
     "attempt_ok",
@@ -34,8 +34,6 @@ __all__ = [
     "entry_detail",
     "first_at",
 ]
-
-HOUR_MS = 3_600_000
 
 Key = tuple[int, str]
 EntryRow = tuple[Any, ...]

@@ -28,11 +28,12 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.durations import HOUR_MS
 from pipeline.core.log_entries import JourneyState, LogEntry, LogKind, LogRecord
 
 from ._database import Database, Row
 from ._errors import StoreError, StoreUnavailable
-from ._fold import HOUR_MS, Batch, JourneyRow, clean, first_at
+from ._fold import Batch, JourneyRow, clean, first_at
 from ._models import (
     FAILED,
     DestinationStats,

@@ -31,6 +31,7 @@ from pipeline.core.console import (
     problems_by_field,
     webhook_rows,
 )
+from pipeline.core.durations import HOUR_MS
 from pipeline.core.exceptions import ConfigError, InvalidCall
 from pipeline.core.render import render_body
 from pipeline.core.timestamps import format_timestamp, now_ms, parse_when
@@ -41,7 +42,6 @@ from pipeline.store import LOG_STATES, DestinationStats, LogQuery
 
 __all__ = ["Views"]
 
-HOUR_MS = 3_600_000
 #: The source schema page lists the track events seen this long (seed §4.3 rule 7).
 SCHEMA_WINDOW_MS = 7 * 24 * HOUR_MS
 #: What the test-event form starts with, per call type.

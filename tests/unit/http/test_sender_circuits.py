@@ -6,7 +6,6 @@ servers on 127.0.0.1 (aiohttp), so the breakers see real answers and real refuse
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -15,6 +14,7 @@ from pipeline.core.config import Destination
 from pipeline.core.outcomes import Failure
 from pipeline.core.settings import Settings
 from pipeline.http.sender import WebhookSender
+from pipeline.runtime.net import free_port
 
 SETTINGS = Settings(allowed_networks=("127.0.0.0/8",), circuit_failures=1, circuit_cool_down=60.0)
 A, B = "http://127.0.0.1:9001/hook", "http://127.0.0.1:9002/hook"
@@ -117,12 +117,6 @@ def with_receiver(
             await runner.cleanup()
 
     asyncio.run(go())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_500_opens_the_endpoints_circuit_not_the_hosts() -> None:
