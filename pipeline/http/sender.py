@@ -49,6 +49,7 @@ from pipeline.core.outcomes import RETRYABLE, Failure, UrlResult, classify, pars
 from pipeline.core.rate_limit import TokenBucket
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
+from pipeline.http.slots import Slots
 
 __all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
 
@@ -121,7 +122,7 @@ class _Host:
 
     def __init__(self, origin: str, settings: Settings) -> None:
         self.origin = origin
-        self.slots = asyncio.Semaphore(settings.max_connections_per_host)
+        self.slots = Slots(settings.max_connections_per_host, interval=_SILENCE_CHECK)
         self.breaker = _breaker(settings)
 
 
@@ -423,9 +424,11 @@ class WebhookSender:
         if host is None:
             assert target.failure is not None
             return UrlResult(url, failure=target.failure, detail=target.detail)
-        if not host.slots.locked() or final:
-            await host.slots.acquire()
-        elif not await self._slot_unless_silent(target, host):
+        # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
+        # nothing: it stops waiting once the endpoint falls silent (``_Target.silent``).
+        after = self._settings.delivery_timeout / 2
+        give_up = None if final else (lambda: target.silent(time.monotonic(), after))
+        if not await host.slots.acquire(give_up):
             return target.silenced()
         try:
             if not final:
@@ -455,20 +458,6 @@ class WebhookSender:
         elif result.status is not None:
             host.breaker.record(ok=True)  # the host answered, whatever it said
         return result
-
-    async def _slot_unless_silent(self, target: _Target, host: _Host) -> bool:
-        """Take one of the host's slots, all taken now; ``False`` (no slot taken) if the endpoint
-        falls silent meanwhile (``_Target.silent``): a record waiting behind a hanging endpoint
-        would hold the worker's in-flight slot for nothing."""
-        after = self._settings.delivery_timeout / 2
-        while True:
-            try:
-                async with asyncio.timeout(_SILENCE_CHECK):
-                    await host.slots.acquire()
-                return True
-            except TimeoutError:
-                if target.silent(time.monotonic(), after):
-                    return False
 
     async def probe(self, url: str, headers: dict[str, str], body: bytes) -> Probe:
         """POST once, outside every circuit and limit, and keep the whole answer: the console's

@@ -1,0 +1,96 @@
+"""A host's connection slots: first come, first served, and a waiter can be let go early.
+
+``WebhookSender`` has at most ``max_connections_per_host`` requests out to one host. A record
+waiting for a slot behind a hanging endpoint should not hold its worker's in-flight slot for the
+hanging requests' whole timeout, so a waiter gives up once its endpoint falls silent. With an
+``asyncio.Semaphore`` that took a timer per waiter (``asyncio.timeout`` every 100 ms, and after
+each, the back of the queue again); under load, when every record waits for a slot, those timers
+cost the worker 6 % of its CPU per call and 8 % of its rate (bench section 1, measured with plain
+waits). Here one check per host, every ``interval`` while anyone waits, lets go the waiters whose
+``give_up()`` says so.
+
+    >>> import asyncio
+    >>> async def demo() -> list[bool]:
+    ...     slots = Slots(1, interval=0.01)
+    ...     first = await slots.acquire()
+    ...     late = await slots.acquire(give_up=lambda: True)  # waits, and is let go
+    ...     slots.release()
+    ...     return [first, late, await slots.acquire()]
+    >>> asyncio.run(demo())
+    [True, False, True]
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["Slots"]
+
+#: Asked while the waiter waits: ``True`` lets it go without a slot.
+GiveUp = Callable[[], bool]
+
+
+class Slots:
+    """``count`` slots. Not thread-safe: one event loop uses it."""
+
+    __slots__ = ("_free", "_waiters", "_interval", "_check")
+
+    def __init__(self, count: int, *, interval: float) -> None:
+        self._free = count
+        self._waiters: deque[tuple[asyncio.Future[bool], GiveUp | None]] = deque()
+        self._interval = interval
+        self._check: asyncio.TimerHandle | None = None
+
+    def locked(self) -> bool:
+        """Every slot is taken (a new ``acquire`` waits)."""
+        return self._free == 0
+
+    async def acquire(self, give_up: GiveUp | None = None) -> bool:
+        """Take a slot: ``True``. With ``give_up``, ``False`` (no slot taken) if a check while it
+        waits finds ``give_up()`` true. Waiters get slots in the order they came."""
+        if self._free:  # a free slot means nobody waits: release hands slots to waiters first
+            self._free -= 1
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append((future, give_up))
+        if give_up is not None and self._check is None:
+            self._check = loop.call_later(self._interval, self._let_go)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.result():
+                self.release()  # handed a slot as it was cancelled: the next one gets it
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the first waiter still waiting, else to the free ones."""
+        waiters = self._waiters
+        while waiters:
+            future, _ = waiters.popleft()
+            if not future.done():  # not cancelled, not let go
+                future.set_result(True)
+                return
+        self._free += 1
+
+    def _let_go(self) -> None:
+        """The periodic check: let go the waiters whose ``give_up()`` is true; again in
+        ``interval`` while some that may give up still wait."""
+        self._check = None
+        kept: deque[tuple[asyncio.Future[bool], GiveUp | None]] = deque()
+        checked = False
+        for waiter in self._waiters:
+            future, give_up = waiter
+            if future.done():
+                continue
+            if give_up is not None:
+                if give_up():
+                    future.set_result(False)
+                    continue
+                checked = True
+            kept.append(waiter)
+        self._waiters = kept
+        if checked:
+            self._check = asyncio.get_running_loop().call_later(self._interval, self._let_go)

@@ -1,0 +1,140 @@
+"""``Slots``: a host's connection slots, first come first served, with waiters let go early."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from pipeline.http.slots import Slots
+
+
+def run(test: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(test(), timeout=10))
+
+
+async def settle() -> None:
+    """Let every ready task take its step."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_waiters_get_slots_in_the_order_they_came() -> None:
+    async def test() -> list[str]:
+        slots = Slots(1, interval=0.01)
+        assert await slots.acquire() and slots.locked()
+        order: list[str] = []
+
+        async def wait(name: str) -> None:
+            assert await slots.acquire(give_up=lambda: False)
+            order.append(name)
+
+        tasks = [asyncio.create_task(wait(name)) for name in "abc"]
+        await asyncio.sleep(0.05)  # several checks pass: none gives up, none loses its place
+        for _ in "abc":
+            slots.release()
+            await settle()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert run(test) == ["a", "b", "c"]
+
+
+def test_a_waiter_that_gives_up_takes_no_slot_and_the_others_keep_theirs() -> None:
+    async def test() -> None:
+        slots = Slots(1, interval=0.01)
+        await slots.acquire()
+        silent = asyncio.Event()
+        quitter = asyncio.create_task(slots.acquire(give_up=silent.is_set))
+        patient = asyncio.create_task(slots.acquire(give_up=lambda: False))
+        await asyncio.sleep(0.05)
+        assert not quitter.done() and not patient.done()
+        silent.set()
+        assert await asyncio.wait_for(quitter, 1) is False  # let go within a check or two
+        assert not patient.done()
+        slots.release()  # the one slot goes to the waiter still waiting
+        assert await asyncio.wait_for(patient, 1) is True
+        assert slots.locked()
+        slots.release()
+        assert not slots.locked()
+
+    run(test)
+
+
+def test_a_waiter_without_give_up_waits_for_a_slot_whatever_the_checks_find() -> None:
+    async def test() -> None:
+        slots = Slots(1, interval=0.01)
+        await slots.acquire()
+        final = asyncio.create_task(slots.acquire())
+        quitter = asyncio.create_task(slots.acquire(give_up=lambda: True))
+        assert await asyncio.wait_for(quitter, 1) is False
+        await asyncio.sleep(0.05)
+        assert not final.done()
+        slots.release()
+        assert await asyncio.wait_for(final, 1) is True
+
+    run(test)
+
+
+def test_a_cancelled_waiter_takes_no_slot() -> None:
+    async def test() -> None:
+        slots = Slots(1, interval=0.01)
+        await slots.acquire()
+        gone = asyncio.create_task(slots.acquire(give_up=lambda: False))
+        after = asyncio.create_task(slots.acquire())
+        await settle()
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        slots.release()  # skips the cancelled waiter
+        assert await asyncio.wait_for(after, 1) is True
+        slots.release()
+        assert not slots.locked()  # and the count is whole again
+        assert await slots.acquire() and slots.locked()
+
+    run(test)
+
+
+def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on() -> None:
+    async def test() -> None:
+        slots = Slots(1, interval=0.01)
+        await slots.acquire()
+        first = asyncio.create_task(slots.acquire())
+        second = asyncio.create_task(slots.acquire())
+        await settle()
+        slots.release()  # handed to ``first`` ...
+        first.cancel()  # ... which is cancelled before it runs again
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await asyncio.wait_for(second, 1) is True
+        slots.release()
+        assert not slots.locked()
+
+    run(test)
+
+
+def test_many_waiters_and_releases_keep_the_count() -> None:
+    async def test() -> None:
+        slots = Slots(3, interval=0.005)
+        held = 0
+        most = 0
+
+        async def use(n: int) -> None:
+            nonlocal held, most
+            if not await slots.acquire(give_up=lambda: n % 7 == 0):
+                return
+            held += 1
+            most = max(most, held)
+            await asyncio.sleep(0.001 * (n % 3))
+            held -= 1
+            slots.release()
+
+        await asyncio.gather(*(use(n) for n in range(200)))
+        assert most == 3 and held == 0
+        for _ in range(3):
+            assert await slots.acquire()
+        assert slots.locked()
+
+    run(test)
