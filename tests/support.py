@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ import orjson
 import pytest
 from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.config import validate_config
 from pipeline.core.settings import Settings
@@ -653,6 +655,33 @@ def stalled_transactions(settings: Settings, topic: str) -> list[int]:
     seen = visibility(settings, topic)
     committed, present = seen["read_committed"], seen["read_uncommitted"]
     return sorted(p for p in present if committed[p] < present[p])
+
+
+#: A parsed ``/metrics``: {(sample name, sorted labels): value}.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int, *, by_destination: bool = False) -> Samples:
+    """``/metrics`` of the process on ``port``, parsed: {(sample name, sorted labels): value};
+    added up over the ``destination`` label unless ``by_destination``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sorted(sample.labels.items())
+            if not by_destination:
+                labels = [label for label in labels if label[0] != "destination"]
+            key = (sample.name, tuple(labels))
+            samples[key] = samples.get(key, 0.0) + sample.value
+    return samples
+
+
+def try_scrape(port: int) -> Samples | None:
+    try:
+        return scrape(port)
+    except OSError:
+        return None
 
 
 @contextmanager

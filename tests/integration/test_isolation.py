@@ -6,17 +6,15 @@ two paths: the common case of a hosted receiver (one SaaS host, each customer on
 
 from __future__ import annotations
 
-import urllib.request
 from typing import Any
 
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.topic_reader import read_topic
 from pipeline.runtime.net import free_port
-from tests.support import apply, send_calls, simple_config, stays, wait_for
+from tests.support import apply, send_calls, simple_config, stays, try_scrape, wait_for
 
 CALLS = 200
 
@@ -69,16 +67,11 @@ def test_a_failing_endpoint_leaves_its_neighbour_on_the_same_host_alone(
 def held(port: int) -> dict[str, float]:
     """``pipeline_partitions_held`` by role, from the ``/metrics`` of the process on ``port``
     (nothing while it is not serving yet)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
+    samples = try_scrape(port) or {}
     return {
-        sample.labels["role"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "pipeline_partitions_held"
+        dict(labels)["role"]: value
+        for (name, labels), value in samples.items()
+        if name == "pipeline_partitions_held"
     }
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.settings import Settings
 from pipeline.runtime.net import free_port
@@ -40,9 +39,11 @@ from tests.support import (
     apply,
     by_attempt,
     require_system_tools,
+    scrape,
     send_calls,
     simple_config,
     stays,
+    try_scrape,
     wait_for,
 )
 
@@ -114,31 +115,6 @@ ROLE_NOTHING = {
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def scrape(
-    port: int, *, by_destination: bool = False
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``/metrics`` of the process on ``port``, parsed: {(sample name, sorted labels): value};
-    added up over the ``destination`` label unless ``by_destination``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = sorted(sample.labels.items())
-            if not by_destination:
-                labels = [label for label in labels if label[0] != "destination"]
-            key = (sample.name, tuple(labels))
-            samples[key] = samples.get(key, 0.0) + sample.value
-    return samples
-
-
-def try_scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
-    try:
-        return scrape(port)
-    except OSError:
-        return None
 
 
 def scripted_settings(settings: Settings) -> Settings:
