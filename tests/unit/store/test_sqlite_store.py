@@ -150,6 +150,51 @@ def test_bulk_statements_fit_an_older_sqlites_parameter_limit(tmp_path: Path):
         assert len(journeys) == 300 and {j.state.value for j in journeys} == {"delivered"}
 
 
+def test_a_nan_is_stored_as_null():
+    # The bulk statements bind NaN for None (it binds ten times faster): SQLite must keep
+    # storing it as NULL, which a NOT NULL column refuses like NULL itself.
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (a INTEGER, b TEXT, c INTEGER NOT NULL)")
+    db.execute("INSERT INTO t VALUES (?, ?, 1)", (sqlite_backend._NULL, sqlite_backend._NULL))
+    assert db.execute("SELECT typeof(a), typeof(b) FROM t").fetchall() == [("null", "null")]
+    with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+        db.execute("INSERT INTO t VALUES (1, 'x', ?)", (sqlite_backend._NULL,))
+
+
+def test_unset_fields_are_null_in_every_table(tmp_path: Path):
+    path = tmp_path / "log.sqlite3"
+    with open_store(str(path)) as store:
+        feed = Feed()
+        store.write(feed(routed("m1", ("crm",), T0)))
+        store.write(feed(attempt("m1", "crm", T0 + 1000)))
+    db = sqlite3.connect(path)
+    try:
+        # received and routed have no destination, status, error, ok or duration
+        entries = db.execute(
+            "SELECT kind, typeof(destination), typeof(status), typeof(error), typeof(ok),"
+            " typeof(duration_ms) FROM entries WHERE kind IN ('received', 'routed')"
+        ).fetchall()
+        assert sorted(entries) == [
+            ("received", "null", "null", "null", "null", "null"),
+            ("routed", "null", "null", "null", "null", "null"),
+        ]
+        (journey,) = db.execute(
+            "SELECT typeof(anonymous_id), typeof(last_error), typeof(reason), typeof(tier),"
+            " typeof(not_before), typeof(replay_id), typeof(last_status) FROM journeys"
+        ).fetchall()
+        assert journey == ("null",) * 6 + ("integer",)
+        assert db.execute("SELECT typeof(anonymous_id) FROM calls").fetchall() == [("null",)]
+        # and none of it is a float, anywhere
+        for table, columns in (("entries", "status, ok, duration_ms"), ("journeys", "tier")):
+            floats = db.execute(
+                f"SELECT count(*) FROM {table} WHERE 'real' IN"  # noqa: S608
+                f" ({', '.join(f'typeof({c})' for c in columns.split(', '))})"
+            ).fetchone()
+            assert floats == (0,)
+    finally:
+        db.close()
+
+
 def test_a_reader_sees_the_writers_commits_while_it_writes(tmp_path: Path):
     url = f"sqlite:///{tmp_path}/log.sqlite3"
     with open_store(url) as writer, open_store(url) as reader:
