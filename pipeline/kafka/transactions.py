@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pipeline.core.deadline import Deadline
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import producer_config
-from pipeline.kafka.errors import Outgoing, Refusal
+from pipeline.kafka.errors import Headed, Outgoing, Refusal
 
 __all__ = ["Fenced", "PartitionTransactions", "TransactionFailed", "transactional_id"]
 
@@ -67,7 +67,7 @@ class PartitionTransactions:
         self.fenced = False
         self.closed = False
 
-    def commit(self, records: Sequence[Outgoing], *, next_offset: int, group: Any) -> None:
+    def commit(self, records: Sequence[Outgoing | Headed], *, next_offset: int, group: Any) -> None:
         """Produce ``records`` and commit ``next_offset`` of the input partition, atomically."""
         with self._lock:
             if self.fenced or self.closed:
@@ -75,8 +75,8 @@ class PartitionTransactions:
             producer = self._ready_producer()
             try:
                 producer.begin_transaction()
-                for topic, key, value, *_ in records:  # the router's records have no headers
-                    self._produce(producer, topic, key, value)
+                for record in records:
+                    self._produce(producer, record)
                 offsets = [TopicPartition(self.topic, self.partition, next_offset)]
                 producer.send_offsets_to_transaction(offsets, group, self._timeout)
                 self._commit(producer)
@@ -114,12 +114,13 @@ class PartitionTransactions:
             self._producer = producer
         return self._producer
 
-    def _produce(
-        self, producer: Producer, topic: str, key: bytes | None, value: bytes | None
-    ) -> None:
+    def _produce(self, producer: Producer, record: Outgoing | Headed) -> None:
         while True:
             try:
-                producer.produce(topic, value, key)
+                if len(record) == 3:
+                    producer.produce(record[0], record[2], record[1])
+                else:  # a record parked at routing carries its park header
+                    producer.produce(record[0], record[2], record[1], headers=record[3])
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)

@@ -425,18 +425,40 @@ class DeliveryHandler:
         )
         return True
 
+    def parked_at_routing(
+        self, key: bytes | None, value: bytes, delivery: Delivery
+    ) -> Headed | None:
+        """The router's fresh record ``value`` of ``delivery``, parked straight in a retry tier
+        if this process would park it on arrival because its destination's endpoints are down
+        (every circuit open) or hanging (silent); ``None``: it goes to ``deliveries``.
+
+        One produce instead of a produce, a consume, a decode and a produce again: a hanging
+        or failing neighbour costs a healthy destination that much less. Only the endpoints'
+        health decides here; a destination at its in-flight limit or over its rate is decided
+        on arrival, where the records ahead of it have been counted."""
+        if not self._parking:
+            return None
+        destination = self._follower.table.destinations.get(delivery.destination_id)
+        why = self._park_reason(destination)
+        if why is None or why[0] not in _AT_ROUTING:
+            return None
+        plan = park(None, None, self._schedule_of(destination), time.time(), why[1])
+        if plan is None:
+            return None
+        return self._headed(key, value, plan, delivery.destination_id, why[0])
+
     def _parked_record(self, taken: Taken, plan: Park, destination: str, reason: str) -> Headed:
+        return self._headed(taken.message.key(), taken.message.value(), plan, destination, reason)
+
+    def _headed(
+        self, key: bytes | None, value: bytes | None, plan: Park, destination: str, reason: str
+    ) -> Headed:
         """The same key and value in the plan's tier, the plan in a header: no re-encode."""
         self._metrics_of(destination).parked[reason].inc()
         header = _ParkHeader(
             plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination
         )
-        return (
-            self._topics.retry[plan.tier],
-            taken.message.key(),
-            taken.message.value(),
-            [(PARK_HEADER, header.encoded())],
-        )
+        return (self._topics.retry[plan.tier], key, value, [(PARK_HEADER, header.encoded())])
 
     def _schedule_of(self, destination: Destination | None) -> RetrySchedule:
         """The destination's retry schedule: its own ``retry`` policy over the global one."""
@@ -603,6 +625,8 @@ RATE_WAIT_IN_FLIGHT = 1.0
 #: A destination whose webhooks are saturated and silent (``WebhookSender.silent``): its next
 #: records wait this long.
 SILENT_WAIT = 1.0
+#: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
+_AT_ROUTING = frozenset({"circuit_open", "silent"})
 
 
 class _ParkHeader(NamedTuple):

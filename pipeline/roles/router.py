@@ -24,13 +24,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pipeline.core.calls import Call, CallType
 from pipeline.core.log_entries import call_log_record
 from pipeline.core.outcomes import DeadLetterReason
-from pipeline.core.records import call_from_record, dead_letter_to_record, delivery_to_record
+from pipeline.core.records import (
+    Delivery,
+    call_from_record,
+    dead_letter_to_record,
+    delivery_to_record,
+)
 from pipeline.core.render import render_body
 from pipeline.core.routing import DropReason, Routed, route_record
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.errors import Headed
 from pipeline.kafka.log_batches import (
     LogRecordValue,
     log_batch_records,
@@ -48,6 +54,8 @@ __all__ = ["RouterHandler"]
 log = logging.getLogger("pipeline.router")
 
 TP = tuple[str, int]
+#: Asked of each delivery record (key, value, delivery): the record parked instead, or ``None``.
+Parking = Callable[[bytes | None, bytes, Delivery], Headed | None]
 
 
 class RouterHandler:
@@ -65,13 +73,17 @@ class RouterHandler:
         retake_after: float = 45.0,
         log: bool = False,
         log_bodies: bool = False,
+        parking: Parking | None = None,
     ) -> None:
         """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
         off in transactions; the consumer loop must then not commit (``commits=False``).
         ``retake_after``: how long a fenced partition waits before it is taken back if it is
         still assigned here (a session timeout: a zombie knows it lost it by then).
         ``log``: each call's fate goes to the delivery log with its delivery records (in the
-        same transaction); ``log_bodies``: with the call's JSON."""
+        same transaction); ``log_bodies``: with the call's JSON. ``parking``: asked of each
+        delivery record (its key, value and delivery); what it returns (the record in a retry
+        tier with its park header) is produced instead (the worker's delivery handler, when
+        this process delivers too: ``DeliveryHandler.parked_at_routing``)."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
@@ -89,6 +101,7 @@ class RouterHandler:
         self.fatal: BaseException | None = None
         self._log = log
         self._log_bodies = log_bodies
+        self._parking = parking
         self._bodies_direct = writes_bodies(self._codec)
         self._routed = {t: metrics.CALLS_ROUTED.labels(t.value) for t in CallType}
         self._dropped = {r: metrics.CALLS_DROPPED.labels(r.value) for r in DropReason}
@@ -116,7 +129,7 @@ class RouterHandler:
         parts: dict[TP, list[Taken]] = {}
         for taken in batch:
             parts.setdefault(taken.key, []).append(taken)
-        routed: list[tuple[TP, list[Taken], list[Outgoing]]] = []
+        routed: list[tuple[TP, list[Taken], list[Outgoing | Headed]]] = []
         for key, part in parts.items():
             out = self._route(part)
             if out is None:
@@ -127,7 +140,7 @@ class RouterHandler:
         )
 
     async def _commit_part(
-        self, key: TP, part: list[Taken], out: list[Outgoing], loop: ConsumerLoop
+        self, key: TP, part: list[Taken], out: list[Outgoing | Headed], loop: ConsumerLoop
     ) -> None:
         """Commit one input partition's part of a batch; retried until it commits, the worker
         stops (the part is then routed again after a restart), or the partition is fenced."""
@@ -219,14 +232,15 @@ class RouterHandler:
     def _decode(self, data: bytes | None) -> Call:
         return call_from_record(self._codec.decode("Call", data))
 
-    def _route(self, batch: list[Taken]) -> list[Outgoing] | None:
+    def _route(self, batch: list[Taken]) -> list[Outgoing | Headed] | None:
         """The records to produce for ``batch``; ``None`` when the worker must stop."""
         table = self._follower.table
         codec = self._codec
         decode = self._decode
         deliveries_topic = self._topics.deliveries
         log_topic = self._topics.log if self._log else None
-        out: list[Outgoing] = []
+        parking = self._parking
+        out: list[Outgoing | Headed] = []
         logged: list[LogRecordValue] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
@@ -257,7 +271,8 @@ class RouterHandler:
                     continue
                 for key, delivery in decision.deliveries:
                     value = codec.encode("Delivery", delivery_to_record(delivery))
-                    out.append((deliveries_topic, key, value))
+                    parked = None if parking is None else parking(key, value, delivery)
+                    out.append((deliveries_topic, key, value) if parked is None else parked)
         finally:
             for call_type, count in routed.items():
                 self._routed[call_type].inc(count)
@@ -270,9 +285,10 @@ class RouterHandler:
             out += log_batch_records(codec, log_topic, logged, key)
         return out
 
-    def _deliveries_in(self, out: list[Outgoing]) -> int:
+    def _deliveries_in(self, out: list[Outgoing | Headed]) -> int:
+        """Delivery records among ``out``: to ``deliveries``, or parked (with a header)."""
         topic = self._topics.deliveries
-        return sum(1 for record in out if record[0] == topic)
+        return sum(1 for record in out if record[0] == topic or len(record) == 4)
 
     def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue:
         """The delivery log's record of the call ``decision`` is about."""

@@ -64,7 +64,28 @@ async def run_roles(
             await asyncio.to_thread(deletions.wait_ready, 60.0)
         producer = AsyncProducer(settings)
         loops: list[ConsumerLoop] = []
+        if delivering:
+            sender = await WebhookSender(settings).start()
+        deliverers: dict[str, DeliveryHandler] = {}
+        for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
+            if role in roles:
+                assert sender is not None
+                deliverers[role] = DeliveryHandler(
+                    role,
+                    topics_in,
+                    settings=settings,
+                    topics=topics,
+                    follower=follower,
+                    producer=producer,
+                    sender=sender,
+                    stop=stop,
+                    codec=codec,
+                    deleted=None if deletions is None else deletions.deleted,
+                )
         if "router" in roles:
+            # Delivering here too: records for a destination whose endpoints are down or hang
+            # go straight to a retry tier, as the deliver role would send them on arrival.
+            deliverer = deliverers.get("deliver")
             handler = RouterHandler(
                 topics=topics,
                 follower=follower,
@@ -77,6 +98,7 @@ async def run_roles(
                 retake_after=settings.session_timeout or 45.0,
                 log=settings.log,
                 log_bodies=settings.log_bodies,
+                parking=None if deliverer is None else deliverer.parked_at_routing,
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(
@@ -87,29 +109,13 @@ async def run_roles(
                     commits=not handler.transactional,
                 )
             )
-        if delivering:
-            sender = await WebhookSender(settings).start()
-        for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
-            if role in roles:
-                assert sender is not None
-                delivery = DeliveryHandler(
-                    role,
-                    topics_in,
-                    settings=settings,
-                    topics=topics,
-                    follower=follower,
-                    producer=producer,
-                    sender=sender,
-                    stop=stop,
-                    codec=codec,
-                    deleted=None if deletions is None else deletions.deleted,
+        for role, delivery in deliverers.items():
+            overrides = _RETRY_CONSUMER if role == "retry" else None
+            loops.append(
+                ConsumerLoop(
+                    settings, group_id(settings, role), delivery, consumer_overrides=overrides
                 )
-                overrides = _RETRY_CONSUMER if role == "retry" else None
-                loops.append(
-                    ConsumerLoop(
-                        settings, group_id(settings, role), delivery, consumer_overrides=overrides
-                    )
-                )
+            )
         log.info("running %s on %s", ", ".join(roles), settings.bootstrap_servers)
         if ready is not None:
             ready.set()

@@ -138,3 +138,48 @@ def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(
 
     wanted = {("circuit_opened", "hooks"), ("dead_letters", "gone")}
     wait_for(lambda: wanted <= seen(), timeout=30)
+
+
+def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
+    settings, receiver_factory, worker_factory
+):
+    """With the router and the deliver role in one process, a call's record for a destination
+    whose endpoint's circuit is open goes straight to a retry tier with its park header: it
+    never passes through ``deliveries`` (a produce, a consume and a decode fewer a call)."""
+    settings = settings.replace(
+        circuit_failures=3, circuit_cool_down=60.0, retry_delays=(1.0, 600.0)
+    )
+    good, bad = receiver_factory(200), receiver_factory(500)
+    config = simple_config(good.url)
+    config["destinations"].append({"id": "bad", "sources": ["web"], "webhooks": [{"url": bad.url}]})
+    apply(settings, config)
+    worker_factory(settings)
+    track = {"type": "track", "userId": "u1", "event": "E"}
+    send_calls(settings, [dict(track, messageId=f"before-{n}") for n in range(5)], "wk")
+    topics = topics_for(settings)
+
+    def opened() -> bool:
+        for message in read_topic(settings, topics.events, idle_timeout=2):
+            event = Codec.default().decode("OperationalEvent", message.value())
+            if (event["kind"], event["destination"]) == ("circuit_opened", "bad"):
+                return True
+        return False
+
+    wait_for(opened, timeout=30)
+    after = [f"after-{n}" for n in range(40)]
+    send_calls(settings, [dict(track, messageId=m) for m in after], "wk")
+    wait_for(lambda: len(good.requests) == 45, timeout=30)
+
+    def records(topic: str) -> list[tuple[str, str, bool]]:
+        """(message id, destination, has a park header) of ``topic``'s records."""
+        found = []
+        for message in read_topic(settings, topic, idle_timeout=2):
+            record = Codec.default().decode("Delivery", message.value())
+            headers = dict(message.headers() or [])
+            found.append((record["messageId"], record["destinationId"], "pipeline-park" in headers))
+        return found
+
+    main = [(m, d) for m, d, _ in records(topics.deliveries) if m.startswith("after-")]
+    assert sorted(main) == sorted((m, "hooks") for m in after)  # only the healthy one's
+    wait_for(lambda: {m for m, d, p in records(topics.retry[0]) if d == "bad" and p} >= set(after))
+    assert len(bad.requests) < 10  # before the circuit opened, and no more

@@ -18,6 +18,7 @@ from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, DeliveryHandler
+from pipeline.runtime import metrics
 from tests.unit.roles._fakes import (
     FakeFollower,
     FakeLoop,
@@ -339,6 +340,47 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     assert int(deadline) - int(first) == 1000 * 1000  # its deadline's clock started
     assert sender.attempts == [] and loop.finished == batch
     assert logged(producer) == []  # not an attempt
+
+
+def test_a_fresh_record_is_parked_at_routing_when_its_endpoints_are_down_or_silent() -> None:
+    class Silent(FakeSender):
+        def silent(self, destination: Destination) -> bool:
+            return True
+
+    value = encoded(delivery())
+    fresh = delivery()
+    for sender, reason in ((CIRCUITS_OPEN, "circuit_open"), (Silent(lambda d: [OK]), "silent")):
+        handler = handler_for(FakeProducer(), sender)
+        before = time.time()
+        parked = handler.parked_at_routing(b"hooks/u1", value, fresh)
+        assert parked is not None, reason
+        assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[0], b"hooks/u1", value)
+        tier, not_before, first, deadline, destination = park_header(parked) or ()
+        assert (tier, destination) == ("0", "hooks")
+        assert int(before * 1000) <= int(first) <= time.time() * 1000  # the window starts now
+        assert int(deadline) - int(first) == 1000 * 1000
+        # circuit open: until it half-opens (30 s); silent: a second, then asked again
+        wait = {"circuit_open": 30, "silent": 1}[reason]
+        assert int(first) + wait * 1000 - 50 <= int(not_before) <= int(first) + wait * 1000 + 50
+        label = metrics.destination_label("hooks")
+        assert metrics.PARKED.labels(label, reason)._value.get() >= 1
+
+
+def test_a_fresh_record_goes_to_deliveries_unless_its_endpoints_are_the_reason() -> None:
+    class Limited(FakeSender):
+        def rate_wait(self, destination: Destination) -> float:
+            return 30.0
+
+    value, fresh = encoded(delivery()), delivery()
+    healthy = handler_for(FakeProducer(), FakeSender(lambda d: [OK]))
+    assert healthy.parked_at_routing(b"k", value, fresh) is None
+    # Over its rate: decided on arrival, where the records ahead of it have been counted.
+    limited = handler_for(FakeProducer(), Limited(lambda d: [OK]))
+    assert limited.parked_at_routing(b"k", value, fresh) is None
+    off = handler_for(FakeProducer(), CIRCUITS_OPEN, settings=Settings(parking=False))
+    assert off.parked_at_routing(b"k", value, fresh) is None
+    gone = handler_for(FakeProducer(), CIRCUITS_OPEN)  # dead-lettered on arrival, with its record
+    assert gone.parked_at_routing(b"k", encoded(delivery("gone")), delivery("gone")) is None
 
 
 def parked_taken(value: bytes | None, not_before: float, **changes: Any) -> Any:

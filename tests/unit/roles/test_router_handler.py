@@ -18,6 +18,7 @@ from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
 from pipeline.roles.router import RouterHandler
+from pipeline.runtime import metrics
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, RegistryDown, taken
 
 TOPICS = Topics("t.", retry_tiers=2)
@@ -187,6 +188,7 @@ class Transactional:
     made: list[FakeTransactions] = field(default_factory=list)
     loop: FakeLoop = field(default_factory=FakeLoop)
     producer: FakeProducer = field(default_factory=FakeProducer)
+    parking: Any = None
 
     def new(self, topic: str, partition: int) -> FakeTransactions:
         made = FakeTransactions(topic, partition, self.failures.pop(partition, []))  # the first one
@@ -202,6 +204,7 @@ class Transactional:
             codec=CODEC,
             transactions=self.new,  # type: ignore[arg-type]
             retake_after=6.0,
+            parking=self.parking,
         )
 
     def run(self, *batches: list[Any]) -> None:
@@ -292,3 +295,33 @@ def test_assigned_partitions_take_their_transactional_ids_before_any_record() ->
         await handler.aclose()
 
     asyncio.run(go())
+
+
+def parks_b(key: bytes | None, value: bytes, delivery: Any) -> Any:
+    """A deliverer whose ``hooks-b`` endpoints are down."""
+    if delivery.destination_id != "hooks-b":
+        return None
+    return (TOPICS.retry[0], key, value, [("pipeline-park", b"0 1 2 3 hooks-b")])
+
+
+def test_records_the_parking_takes_are_produced_parked_instead() -> None:
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    routed = metrics.DELIVERIES_ROUTED._value.get()
+    _, loop, producer, batch = run([call_value(track)], parking=parks_b)
+    by_topic = {record[0]: record for record in producer.sent}
+    assert set(by_topic) == {TOPICS.deliveries, TOPICS.retry[0]}
+    delivered, parked = by_topic[TOPICS.deliveries], by_topic[TOPICS.retry[0]]
+    assert CODEC.decode("Delivery", delivered[2])["destinationId"] == "hooks-a"
+    assert CODEC.decode("Delivery", parked[2])["destinationId"] == "hooks-b"  # as encoded
+    assert parked[3] == [("pipeline-park", b"0 1 2 3 hooks-b")]
+    assert metrics.DELIVERIES_ROUTED._value.get() == routed + 2  # routed, parked or not
+    assert loop.finished == batch
+
+
+def test_a_parked_record_goes_in_the_partitions_transaction_with_its_header() -> None:
+    router = Transactional(parking=parks_b)
+    router.run(calls(0, range(3)))
+    [(records, next_offset, _)] = router.made[0].commits
+    assert next_offset == 3
+    assert sorted(r[0] for r in records) == [TOPICS.deliveries] * 3 + [TOPICS.retry[0]] * 3
+    assert all(len(r) == 4 for r in records if r[0] == TOPICS.retry[0])
