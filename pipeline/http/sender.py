@@ -372,9 +372,11 @@ class WebhookSender:
         return self.silence_ends_in(destination) is not None
 
     def silence_ends_in(self, destination: Destination) -> float | None:
-        """When ``destination`` is ``silent``, the seconds until one of its webhooks answers at
-        the latest: its oldest request out times out (it started when the webhook last
-        answered, or when nothing was out), and its circuit has heard the answers soon after.
+        """When ``destination`` is ``silent``, how long to let its next records wait before
+        asking again: as long as it has been silent so far (a busy receiver's pause is asked
+        about again soon, a hang is waited out in a few steps), and never past the time one of
+        its webhooks answers at the latest: its oldest request out times out (it started when
+        the webhook last answered, or when nothing was out) and its circuit has heard of it.
         ``None`` when it is not silent."""
         now = time.monotonic()
         after = self._settings.delivery_timeout / 2
@@ -384,7 +386,8 @@ class WebhookSender:
             if target is None or not target.silent(now, after):
                 return None
             ends = target.quiet_since + self._settings.delivery_timeout - now + _HEARD_AFTER
-            soonest = ends if soonest is None else min(soonest, ends)
+            wait = min(now - target.quiet_since, ends)
+            soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
     def open_circuits(self, destination: Destination) -> int:

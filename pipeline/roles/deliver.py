@@ -431,12 +431,13 @@ class DeliveryHandler:
     ) -> Headed | None:
         """The router's fresh record ``value`` of ``delivery``, parked straight in a retry tier
         if this process would park it on arrival because its destination's endpoints are down
-        (every circuit open) or hanging (silent); ``None``: it goes to ``deliveries``.
+        (every circuit open: a run of failures); ``None``: it goes to ``deliveries``.
 
         One produce instead of a produce, a consume, a decode and a produce again: a hanging
-        or failing neighbour costs a healthy destination that much less. Only the endpoints'
-        health decides here; a destination at its in-flight limit or over its rate is decided
-        on arrival, where the records ahead of it have been counted."""
+        or failing neighbour costs a healthy destination that much less. Nothing weaker decides
+        here: the router runs ahead of delivery, and a pause of a busy receiver (``silent``), a
+        destination at its in-flight limit or over its rate are decided on arrival, where the
+        records ahead of it have been counted."""
         if not self._parking:
             return None
         destination = self._follower.table.destinations.get(delivery.destination_id)
@@ -624,10 +625,10 @@ MIN_PARK_WAIT = 1.0
 #: parked rather than held in an in-flight slot.
 RATE_WAIT_IN_FLIGHT = 1.0
 #: A destination whose webhooks are saturated and silent (``WebhookSender.silent``): its next
-#: records wait until the requests out have timed out (then its circuit knows), this at least.
+#: records wait as long as it has been silent (``WebhookSender.silence_ends_in``), this at least.
 SILENT_WAIT = 1.0
 #: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
-_AT_ROUTING = frozenset({"circuit_open", "silent"})
+_AT_ROUTING = frozenset({"circuit_open"})
 
 
 class _ParkHeader(NamedTuple):

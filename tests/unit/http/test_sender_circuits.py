@@ -230,14 +230,17 @@ def test_an_endpoint_is_silent_after_ten_times_its_usual_answer_time() -> None:
     assert not target.silent(200.0, 2.5)  # nothing out: nothing to wait for
 
 
-def test_a_silent_endpoint_is_parked_until_its_oldest_request_has_timed_out() -> None:
+def test_a_silent_endpoint_waits_as_long_as_it_has_been_silent_until_its_timeout() -> None:
     sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
     hanging = destination(A)
     assert sender.silence_ends_in(hanging) is None  # never tried
     target = sender._target(A)
-    target.in_flight, target.quiet_since = 3, time.monotonic() - 1.0  # out for a second
-    ends = sender.silence_ends_in(hanging)
-    assert ends is not None and 4.4 <= ends <= 4.5  # 5 s timeout, 1 s gone, 0.5 s to hear it
+    target.in_flight, target.quiet_since = 3, time.monotonic() - 1.0  # silent for a second
+    wait = sender.silence_ends_in(hanging)
+    assert wait is not None and 1.0 <= wait <= 1.1  # as long again
     assert sender.silent(hanging)
+    target.quiet_since = time.monotonic() - 3.0  # three seconds: not past the timeout (5 s)
+    wait = sender.silence_ends_in(hanging)
+    assert wait is not None and 2.4 <= wait <= 2.5  # 2 s to the timeout, 0.5 s to hear it
     target.quiet_since = time.monotonic() - 0.1  # it answered 100 ms ago: not silent
     assert sender.silence_ends_in(hanging) is None and not sender.silent(hanging)
