@@ -177,12 +177,23 @@ def test_an_interrupted_replay_resumes_where_it_stopped(
     rate = 250
     args = replay_args(since, None, "--rate", str(rate))
 
+    def checkpointed(process: subprocess.Popen[bytes], sent: int) -> None:
+        """Wait until the running replay's checkpoints say ``sent`` calls went out (its own
+        progress: the receiver lags it by however long delivery takes on a busy machine)."""
+
+        def reached() -> bool:
+            states = list(read_replays(settings).values())
+            return bool(states) and (states[0].sent >= sent or states[0].finished_at is not None)
+
+        wait_for(lambda: reached() or process.poll() is not None, timeout=30)
+        assert process.poll() is None, "the replay ended before it could be interrupted"
+
     first = process_factory(settings, *args)
-    wait_for(lambda: len(unique(receiver)) >= 250 or first.poll() is not None, timeout=30)
+    checkpointed(first, 250)
     first.send_signal(signal.SIGINT)  # Ctrl-C: stops at a checkpoint
     assert first.wait(30) == 130
     second = process_factory(settings, *args)
-    wait_for(lambda: len(unique(receiver)) >= 600 or second.poll() is not None, timeout=30)
+    checkpointed(second, 600)
     second.kill()  # no checkpoint: resumed from the last one
     second.wait(10)
 
