@@ -83,8 +83,8 @@ async def run_roles(
                     deleted=None if deletions is None else deletions.deleted,
                 )
         if "router" in roles:
-            # Delivering here too: records for a destination whose endpoints are down or hang
-            # go straight to a retry tier, as the deliver role would send them on arrival.
+            # Delivering here too: records for a destination whose every circuit is open go
+            # straight to a retry tier, as the deliver role would send them on arrival.
             deliverer = deliverers.get("deliver")
             handler = RouterHandler(
                 topics=topics,

@@ -174,7 +174,7 @@ def test_an_interrupted_replay_resumes_where_it_stopped(
     routed(settings)
     receiver = receiver_factory()
     apply(settings, {"sources": SOURCES, "destinations": [backfill(receiver.url)]})
-    rate = 250
+    rate = 100  # 10 s for the 1,000 calls: time to see its checkpoints and interrupt it
     args = replay_args(since, None, "--rate", str(rate))
 
     def checkpointed(process: subprocess.Popen[bytes], sent: int) -> None:
