@@ -132,6 +132,16 @@ def worker_factory() -> Iterator[Callable[..., InProcessWorker]]:
         worker.stop()
 
 
+#: ``python -m pipeline ARGS``, with SIGINT raising ``KeyboardInterrupt`` as at a terminal. A
+#: process started by one that ignores SIGINT ignores it too (POSIX; Python then installs no
+#: handler). In full runs the interrupted replay's Ctrl-C was lost three times in a row (the
+#: child ran to its end, exit 0) while the test passed alone: its worker ignored SIGINT by then.
+_PIPELINE_WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'pipeline'; runpy.run_module('pipeline', run_name='__main__')"
+)
+
+
 @pytest.fixture
 def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """``python -m pipeline ARGS`` as a subprocess; killed by PID at the end of the test."""
@@ -141,7 +151,7 @@ def process_factory() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         settings: Settings, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", *args],
+            [sys.executable, "-c", _PIPELINE_WITH_CTRL_C, *args],
             env={**settings_env(settings), **(env or {})},
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
