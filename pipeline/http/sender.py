@@ -214,9 +214,6 @@ class _Target:
 _SILENCE_CHECK = 0.1
 #: The least time without an answer that makes an endpoint silent, and the time before its first.
 QUIET_MIN = 0.25
-#: After a silent endpoint's requests time out, the time their failures take to reach its circuit
-#: (the timeouts of requests started together end within milliseconds of each other).
-_HEARD_AFTER = 0.5
 #: The roles that send deliveries; each destination's ``rate_limit`` is split over their shares.
 DELIVERY_ROLES = ("deliver", "retry")
 #: The least share of a rate limit a process sends at (one that holds no partition yet).
@@ -369,26 +366,13 @@ class WebhookSender:
         its usual answer time (at most half the delivery timeout)? Its next records should not
         take in-flight slots to wait behind them (the first seconds of a hang, before its
         circuit can open)."""
-        return self.silence_ends_in(destination) is not None
-
-    def silence_ends_in(self, destination: Destination) -> float | None:
-        """When ``destination`` is ``silent``, how long to let its next records wait before
-        asking again: as long as it has been silent so far (a busy receiver's pause is asked
-        about again soon, a hang is waited out in a few steps), and never past the time one of
-        its webhooks answers at the latest: its oldest request out times out (it started when
-        the webhook last answered, or when nothing was out) and its circuit has heard of it.
-        ``None`` when it is not silent."""
         now = time.monotonic()
         after = self._settings.delivery_timeout / 2
-        soonest: float | None = None
         for hook in destination.webhooks:
             target = self._targets.get(hook.url)
             if target is None or not target.silent(now, after):
-                return None
-            ends = target.quiet_since + self._settings.delivery_timeout - now + _HEARD_AFTER
-            wait = min(now - target.quiet_since, ends)
-            soonest = wait if soonest is None else min(soonest, wait)
-        return soonest
+                return False
+        return True
 
     def open_circuits(self, destination: Destination) -> int:
         """How many of ``destination``'s webhooks have an open or half-open circuit (their own or

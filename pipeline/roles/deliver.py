@@ -374,9 +374,8 @@ class DeliveryHandler:
         reopens_in = self._sender.reopens_in(destination)
         if reopens_in is not None:
             return ("circuit_open", max(MIN_PARK_WAIT, reopens_in))
-        silence = self._sender.silence_ends_in(destination)
-        if silence is not None:  # parked until its requests out have timed out, at least
-            return ("silent", max(SILENT_WAIT, silence))
+        if self._sender.silent(destination):
+            return ("silent", SILENT_WAIT)
         rate_wait = self._sender.rate_wait(destination)
         if rate_wait > RATE_WAIT_IN_FLIGHT:
             return ("rate_limited", rate_wait)
@@ -625,7 +624,7 @@ MIN_PARK_WAIT = 1.0
 #: parked rather than held in an in-flight slot.
 RATE_WAIT_IN_FLIGHT = 1.0
 #: A destination whose webhooks are saturated and silent (``WebhookSender.silent``): its next
-#: records wait as long as it has been silent (``WebhookSender.silence_ends_in``), this at least.
+#: records wait this long.
 SILENT_WAIT = 1.0
 #: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
 _AT_ROUTING = frozenset({"circuit_open"})

@@ -6,7 +6,6 @@ servers on 127.0.0.1 (aiohttp), so the breakers see real answers and real refuse
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -228,19 +227,3 @@ def test_an_endpoint_is_silent_after_ten_times_its_usual_answer_time() -> None:
     assert not target.silent(102.4, 2.5) and target.silent(102.6, 2.5)
     target.in_flight = 0
     assert not target.silent(200.0, 2.5)  # nothing out: nothing to wait for
-
-
-def test_a_silent_endpoint_waits_as_long_as_it_has_been_silent_until_its_timeout() -> None:
-    sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
-    hanging = destination(A)
-    assert sender.silence_ends_in(hanging) is None  # never tried
-    target = sender._target(A)
-    target.in_flight, target.quiet_since = 3, time.monotonic() - 1.0  # silent for a second
-    wait = sender.silence_ends_in(hanging)
-    assert wait is not None and 1.0 <= wait <= 1.1  # as long again
-    assert sender.silent(hanging)
-    target.quiet_since = time.monotonic() - 3.0  # three seconds: not past the timeout (5 s)
-    wait = sender.silence_ends_in(hanging)
-    assert wait is not None and 2.4 <= wait <= 2.5  # 2 s to the timeout, 0.5 s to hear it
-    target.quiet_since = time.monotonic() - 0.1  # it answered 100 ms ago: not silent
-    assert sender.silence_ends_in(hanging) is None and not sender.silent(hanging)
