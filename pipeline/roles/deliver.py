@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from pipeline.core.config import Destination
 from pipeline.core.dead_letters import dead_letter
-from pipeline.core.delivery_policy import Conclusion, Go, Park, before_attempt, conclude, park
+from pipeline.core.delivery_policy import Conclusion, Go, before_attempt, conclude, park
 from pipeline.core.durations import format_duration
 from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.log_entries import conclusion_log_record, suppressed_log_record
@@ -390,20 +390,18 @@ class DeliveryHandler:
         decided: list[Decided],
     ) -> bool:
         """Park a decoded record if its destination cannot take it now (not its final attempt)."""
-        why = self._park_reason(destination)
-        if why is None:
-            return False
-        assert destination is not None
-        plan = park(
+        message = taken.message
+        parked = self._parked(
+            destination,
+            message.key(),
+            message.value(),
             record.first_attempt_at,
             record.deadline,
-            self._schedule_of(destination),
             now,
-            why[1],
         )
-        if plan is None:
+        if parked is None:
             return False
-        decided.append((taken, [self._parked_record(taken, plan, destination.id, why[0])], None))
+        decided.append((taken, [parked], None))
         return True
 
     def _park_again(
@@ -412,17 +410,18 @@ class DeliveryHandler:
         """A parked record now due: parked again, still undecoded, if its destination still
         cannot take it."""
         destination = self._follower.table.destinations.get(parked.destination)
-        why = self._park_reason(destination)
-        if why is None:
-            return False
-        plan = park(
-            parked.first_attempt_at, parked.deadline, self._schedule_of(destination), now, why[1]
+        message = taken.message
+        again = self._parked(
+            destination,
+            message.key(),
+            message.value(),
+            parked.first_attempt_at,
+            parked.deadline,
+            now,
         )
-        if plan is None:
+        if again is None:
             return False
-        decided.append(
-            (taken, [self._parked_record(taken, plan, parked.destination, why[0])], None)
-        )
+        decided.append((taken, [again], None))
         return True
 
     def parked_at_routing(
@@ -440,24 +439,31 @@ class DeliveryHandler:
         if not self._parking:
             return None
         destination = self._follower.table.destinations.get(delivery.destination_id)
+        return self._parked(destination, key, value, None, None, time.time(), _AT_ROUTING)
+
+    def _parked(
+        self,
+        destination: Destination | None,
+        key: bytes | None,
+        value: bytes | None,
+        first_attempt_at: int | None,
+        deadline: int | None,
+        now: float,
+        reasons: frozenset[str] | None = None,
+    ) -> Headed | None:
+        """The record (``key``, ``value``) in a retry tier, if ``destination`` cannot take it now
+        (for one of ``reasons``, when given): the same bytes, the plan in a header, no
+        re-encode. ``None`` when it can, or when its final attempt is due."""
         why = self._park_reason(destination)
-        if why is None or why[0] not in _AT_ROUTING:
+        if why is None or (reasons is not None and why[0] not in reasons):
             return None
-        plan = park(None, None, self._schedule_of(destination), time.time(), why[1])
+        assert destination is not None
+        plan = park(first_attempt_at, deadline, self._schedule_of(destination), now, why[1])
         if plan is None:
             return None
-        return self._headed(key, value, plan, delivery.destination_id, why[0])
-
-    def _parked_record(self, taken: Taken, plan: Park, destination: str, reason: str) -> Headed:
-        return self._headed(taken.message.key(), taken.message.value(), plan, destination, reason)
-
-    def _headed(
-        self, key: bytes | None, value: bytes | None, plan: Park, destination: str, reason: str
-    ) -> Headed:
-        """The same key and value in the plan's tier, the plan in a header: no re-encode."""
-        self._metrics_of(destination).parked[reason].inc()
+        self._metrics_of(destination.id).parked[why[0]].inc()
         header = _ParkHeader(
-            plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination
+            plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination.id
         )
         return (self._topics.retry[plan.tier], key, value, [(PARK_HEADER, header.encoded())])
 
