@@ -39,7 +39,14 @@ from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
 from pipeline.core.log_entries import LOG_BATCH_BYTES, LogEntry, LogKind, LogRecord, log_batch
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.records import Delivery
-from pipeline.kafka.avro_writer import write_int, write_long, write_string
+from pipeline.kafka.avro_writer import (
+    LONGS,
+    STRINGS,
+    long_bytes,
+    string_bytes,
+    write_long,
+    write_string,
+)
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.producer import AsyncProducer
@@ -121,49 +128,13 @@ _TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00"
 _NOTHING = b"\x00\x00\x00"
 
 
-def _identity(
-    out: bytearray,
-    message_id: str,
-    source: str,
-    call_type: str,
-    user_id: str | None,
-    anonymous_id: str | None,
-    event: str | None,
-) -> None:
-    write_string(out, message_id)
-    write_string(out, source)
-    write_string(out, call_type)
-    for text in (user_id, anonymous_id, event):
-        if text is None:
-            out.append(0)
-        else:
-            out.append(2)
-            write_string(out, text)
+#: The routed entry's end from ``destinations`` on, by destinations (they repeat per source).
+_ROUTED_ENDS: dict[tuple[str, ...], bytes] = {}
+_ROUTED_ENDS_MAX = 1024
 
 
-def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> bytes:
-    """``call_log_record(call, size, at, destinations=destinations)``'s Avro body: the router's
-    record of a call routed, no destination left out, no body logged."""
+def _routed_end(destinations: tuple[str, ...]) -> bytes:
     out = bytearray()
-    _identity(
-        out,
-        call.message_id,
-        call.source_id,
-        call.type.value,
-        call.user_id,
-        call.anonymous_id,
-        call.event,
-    )
-    out.append(4)  # two entries
-    out += _RECEIVED
-    write_long(out, call.received_at)
-    out += _NOTHING[:2]  # destination "", destinations []
-    out.append(0)  # reason ""
-    write_int(out, size)
-    out += _TAIL
-    out += _ROUTED
-    write_long(out, at)
-    out.append(0)  # destination ""
     if destinations:
         write_long(out, len(destinations))
         for name in destinations:
@@ -172,6 +143,37 @@ def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> 
     out += _NOTHING[1:]  # reason "", size 0
     out += _TAIL
     out.append(0)  # end of entries
+    if len(_ROUTED_ENDS) >= _ROUTED_ENDS_MAX:
+        _ROUTED_ENDS.clear()
+    _ROUTED_ENDS[destinations] = encoded = bytes(out)
+    return encoded
+
+
+def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> bytes:
+    """``call_log_record(call, size, at, destinations=destinations)``'s Avro body: the router's
+    record of a call routed, no destination left out, no body logged."""
+    strings, longs = STRINGS, LONGS
+    out = bytearray()
+    write_string(out, call.message_id)
+    out += strings.get(call.source_id) or string_bytes(call.source_id)
+    out += strings.get(call.type.value) or string_bytes(call.type.value)
+    for text in (call.user_id, call.anonymous_id, call.event):
+        if text is None:
+            out.append(0)
+        else:
+            out.append(2)
+            out += strings.get(text) or string_bytes(text)
+    out.append(4)  # two entries
+    out += _RECEIVED
+    out += longs.get(call.received_at) or long_bytes(call.received_at)
+    out += _NOTHING  # destination "", destinations [], reason ""
+    out += longs.get(size) or long_bytes(size)
+    out += _TAIL
+    out += _ROUTED
+    out += longs.get(at) or long_bytes(at)
+    out.append(0)  # destination ""
+    named = tuple(destinations)
+    out += _ROUTED_ENDS.get(named) or _routed_end(named)
     return bytes(out)
 
 
@@ -180,34 +182,45 @@ def delivered_log_body(
 ) -> bytes:
     """``conclusion_log_record(before, DELIVERED, ...)``'s Avro body: the delivery handler's
     record of an attempt (``results``, begun at ``started``) that delivered at ``finished``."""
+    strings, longs = STRINGS, LONGS
     out = bytearray()
-    _identity(out, before.message_id, before.source_id, before.call_type, None, None, None)
+    write_string(out, before.message_id)
+    out += strings.get(before.source_id) or string_bytes(before.source_id)
+    out += strings.get(before.call_type) or string_bytes(before.call_type)
+    out += b"\x00\x00\x00"  # userId, anonymousId, event: null
     requested = [result for result in results if result.failure is not Failure.CIRCUIT_OPEN]
-    write_long(out, len(requested) + 1)
-    destination = before.destination_id
+    count = len(requested) + 1
+    out += longs.get(count) or long_bytes(count)
+    destination = strings.get(before.destination_id) or string_bytes(before.destination_id)
     at = int(started * 1000)
-    number = len({attempt.at for attempt in before.attempts}) + 1
+    started_at = longs.get(at) or long_bytes(at)
+    tier = longs.get(before.tier) or long_bytes(before.tier)
+    number = len({attempt.at for attempt in before.attempts}) + 1 if before.attempts else 1
     for result in requested:
         out += _ATTEMPT
-        write_long(out, at)
-        write_string(out, destination)
+        out += started_at
+        out += destination
         out += _NOTHING
-        write_string(out, result.url)
-        if result.status is None:
+        out += strings.get(result.url) or string_bytes(result.url)
+        status = result.status
+        if status is None:
             out.append(0)
         else:
             out.append(2)
-            write_int(out, result.status)
-        write_string(out, "" if result.failure is None else result.failure.value)
-        write_int(out, int(result.duration * 1000))
-        write_int(out, before.tier)
+            out += longs.get(status) or long_bytes(status)
+        error = "" if result.failure is None else result.failure.value
+        out += strings.get(error) or string_bytes(error)
+        ms = int(result.duration * 1000)
+        out += longs.get(ms) or long_bytes(ms)
+        out += tier
         out.append(0)  # notBefore 0
-        write_int(out, number)
+        out += longs.get(number) or long_bytes(number)
         write_string(out, result.response)
         out += b"\x00\x00"  # replayId "", body null
     out += _DELIVERED
-    write_long(out, int(finished * 1000))
-    write_string(out, destination)
+    at = int(finished * 1000)
+    out += longs.get(at) or long_bytes(at)
+    out += destination
     out += _NOTHING
     out += _TAIL
     out.append(0)  # end of entries

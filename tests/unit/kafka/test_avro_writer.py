@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.kafka.avro_writer import compile_writer
+from pipeline.kafka.avro_writer import (
+    LONGS,
+    STRINGS,
+    compile_writer,
+    long_bytes,
+    string_bytes,
+    write_long,
+    write_string,
+)
 from pipeline.kafka.codec import Codec
 
 CODEC = Codec.default()
@@ -190,3 +198,34 @@ def test_unexpected_values_raise_so_fastavro_decides(schema: Any, value: Any) ->
 )
 def test_schemas_it_does_not_cover_are_left_to_fastavro(schema: Any) -> None:
     assert compile_writer(fastavro.parse_schema(schema)) is None
+
+
+# ---- the caches of encoded values, for writers of a known shape -------------------------------
+
+
+@given(text=_TEXT, value=_LONG)
+def test_remembered_values_are_the_writers_bytes(text: str, value: int) -> None:
+    written = bytearray()
+    write_string(written, text)
+    assert string_bytes(text) == bytes(written) == STRINGS[text]
+    written = bytearray()
+    write_long(written, value)
+    assert long_bytes(value) == bytes(written) == LONGS[value]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(1 << 63, OverflowError), (-(1 << 63) - 1, OverflowError), ("1", TypeError)],
+)
+def test_a_long_it_cannot_write_raises_and_is_not_remembered(value: Any, error: type) -> None:
+    with pytest.raises(error):
+        long_bytes(value)
+    assert value not in LONGS
+
+
+def test_the_caches_stay_bounded() -> None:
+    for n in range(10_000):
+        string_bytes(f"destination-{n}")
+        long_bytes(1_800_000_000_000 + n)
+    assert 0 < len(STRINGS) <= 4096
+    assert 0 < len(LONGS) <= 4096
