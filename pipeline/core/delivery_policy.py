@@ -161,7 +161,8 @@ def park(
     wait: float,
 ) -> Park | None:
     """Park a record for ``wait`` seconds (never past its last slot), in the tier with the
-    longest delay not over ``wait``; ``None`` when its final attempt is due: that one is made."""
+    shortest delay not under ``wait`` (``RetrySchedule.tier_for_wait``); ``None`` when its final
+    attempt is due: that one is made."""
     first = first_attempt_at if first_attempt_at is not None else int(now * 1000)
     if deadline is None:
         deadline = int(schedule.deadline_at(first / 1000) * 1000)

@@ -111,9 +111,24 @@ class RetrySchedule:
         return Retry(next_tier, min(now + delay, last_slot))
 
     def tier_for_wait(self, wait: float) -> int:
-        """The retry tier a record waiting ``wait`` seconds goes to: the one with the longest
-        delay not over it (see above)."""
-        return _tier_for(wait, self.tier_delays if self.tier_delays is not None else self.delays)
+        """The retry tier a parked record waiting ``wait`` seconds goes to: the one with the
+        shortest delay not under it (the last if every one is). Its ``notBefore`` then comes no
+        later than the records' behind it, so it holds none of them back; it may wait behind
+        the records ahead of it, at most the tier's delay.
+
+        The other way round (the longest delay not over it, as for a destination's own delays)
+        put a circuit's 30 s parks in the 10 s tier, and a destination parked there for a second
+        (silent, at its ``max_in_flight``) waited up to 30 s behind them.
+
+        >>> s = RetrySchedule(delays=(10.0, 60.0, 300.0))
+        >>> s.tier_for_wait(1.0), s.tier_for_wait(10.0), s.tier_for_wait(30.0), s.tier_for_wait(900)
+        (0, 0, 1, 2)
+        """
+        delays = self.tier_delays if self.tier_delays is not None else self.delays
+        for tier, delay in enumerate(delays):
+            if delay >= wait:
+                return tier
+        return len(delays) - 1
 
     def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:
         """No attempt starts after the deadline."""

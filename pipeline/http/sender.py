@@ -212,8 +212,56 @@ class _Target:
 
 #: How often a record waiting for a host's slot checks whether its endpoint fell silent.
 _SILENCE_CHECK = 0.1
+#: How often ``_AwakeClock`` notes that the event loop runs, and the lateness of a note that is
+#: the timer's, not a block of the loop.
+_BEAT = 0.05
+_BEAT_SLACK = 0.005
+
+
+class _AwakeClock:
+    """Monotonic seconds during which the event loop was free to run: a step that blocks it
+    does not count.
+
+    An endpoint is silent when none of its requests came back for a while, but answers are
+    read only when the loop gets to them. Routing a consumed batch of calls for 50 destinations
+    blocks a worker's loop for a few hundred milliseconds; on the wall clock every endpoint with
+    a request out then looked silent, and a healthy destination's records were parked (section
+    11 of ``make bench``: 30-600 a run). On this clock the block does not count. A beat every
+    ``_BEAT`` seconds adds up how late it ran; a block under way counts from the beat it holds
+    up."""
+
+    def __init__(self) -> None:
+        self._blocked = 0.0
+        self._due = time.monotonic()
+        self._beat_handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._due = time.monotonic()
+        self._beat()
+
+    def stop(self) -> None:
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+            self._beat_handle = None
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        self._blocked += max(0.0, now - self._due - _BEAT_SLACK)
+        self._due = now + _BEAT
+        self._beat_handle = asyncio.get_running_loop().call_later(_BEAT, self._beat)
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if self._beat_handle is None:  # not started: the wall clock
+            return now - self._blocked
+        return now - self._blocked - max(0.0, now - self._due - _BEAT_SLACK)
+
+
 #: The least time without an answer that makes an endpoint silent, and the time before its first.
 QUIET_MIN = 0.25
+#: After a silent endpoint's requests time out, the time their failures take to reach its circuit
+#: (the timeouts of requests started together end within milliseconds of each other).
+_HEARD_AFTER = 0.5
 #: The roles that send deliveries; each destination's ``rate_limit`` is split over their shares.
 DELIVERY_ROLES = ("deliver", "retry")
 #: The least share of a rate limit a process sends at (one that holds no partition yet).
@@ -233,6 +281,8 @@ class WebhookSender:
         self._buckets: dict[str, TokenBucket] = {}
         self._shares: dict[str, float] = {}
         self._share = 1.0
+        #: The clock of ``_Target.quiet_since`` and of its silence.
+        self._awake = _AwakeClock()
 
     async def start(self) -> WebhookSender:
         connector = aiohttp.TCPConnector(
@@ -251,9 +301,11 @@ class WebhookSender:
             # Cookies a receiver sets are never sent back, to it or to anyone else.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self._awake.start()
         return self
 
     async def aclose(self) -> None:
+        self._awake.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -366,13 +418,27 @@ class WebhookSender:
         its usual answer time (at most half the delivery timeout)? Its next records should not
         take in-flight slots to wait behind them (the first seconds of a hang, before its
         circuit can open)."""
-        now = time.monotonic()
+        return self.silence_ends_in(destination) is not None
+
+    def silence_ends_in(self, destination: Destination) -> float | None:
+        """When ``destination`` is ``silent``, the time until one of its webhooks answers at the
+        latest: its oldest request out times out (it started when the webhook last answered, or
+        when nothing was out) and its circuit hears of it. ``None`` when it is not silent.
+
+        Its next records wait that long. A hang's first seconds then cost one park a record,
+        not one a second (``make bench`` section 3, the first run: 0.79 → 0.87 of the healthy
+        destination alone); by then its circuit is open, or it answers again. A receiver that
+        only paused keeps its records waiting as long, at most the delivery timeout."""
+        now = self._awake()
         after = self._settings.delivery_timeout / 2
+        soonest: float | None = None
         for hook in destination.webhooks:
             target = self._targets.get(hook.url)
             if target is None or not target.silent(now, after):
-                return False
-        return True
+                return None
+            ends = target.quiet_since + self._settings.delivery_timeout - now + _HEARD_AFTER
+            soonest = ends if soonest is None else min(soonest, ends)
+        return soonest
 
     def open_circuits(self, destination: Destination) -> int:
         """How many of ``destination``'s webhooks have an open or half-open circuit (their own or
@@ -427,7 +493,7 @@ class WebhookSender:
         # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
         # nothing: it stops waiting once the endpoint falls silent (``_Target.silent``).
         after = self._settings.delivery_timeout / 2
-        give_up = None if final else (lambda: target.silent(time.monotonic(), after))
+        give_up = None if final else (lambda: target.silent(self._awake(), after))
         if not await host.slots.acquire(give_up):
             return target.silenced()
         try:
@@ -437,13 +503,13 @@ class WebhookSender:
                 target.breaker.allow()  # takes the half-open probe, if it is one
                 host.breaker.allow()
             if not target.in_flight:
-                target.quiet_since = time.monotonic()
+                target.quiet_since = self._awake()
             target.in_flight += 1
             try:
                 result = await self.post(url, headers, body)
             finally:
                 target.in_flight -= 1
-                target.quiet_since = time.monotonic()  # it answered (or gave up on) one
+                target.quiet_since = self._awake()  # it answered (or gave up on) one
         finally:
             host.slots.release()
         if result.status is not None:

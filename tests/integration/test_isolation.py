@@ -181,5 +181,6 @@ def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
 
     main = [(m, d) for m, d, _ in records(topics.deliveries) if m.startswith("after-")]
     assert sorted(main) == sorted((m, "hooks") for m in after)  # only the healthy one's
-    wait_for(lambda: {m for m, d, p in records(topics.retry[0]) if d == "bad" and p} >= set(after))
+    # parked until the circuit half-opens (60 s): in the tier whose delay is not under that
+    wait_for(lambda: {m for m, d, p in records(topics.retry[1]) if d == "bad" and p} >= set(after))
     assert len(bad.requests) < 10  # before the circuit opened, and no more

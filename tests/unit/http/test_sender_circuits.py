@@ -6,6 +6,7 @@ servers on 127.0.0.1 (aiohttp), so the breakers see real answers and real refuse
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -197,6 +198,25 @@ def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
 
 
+def test_a_blocked_event_loop_makes_no_endpoint_silent() -> None:
+    """Answers are read only when the loop runs: a step that blocks it longer than QUIET_MIN
+    (routing a large batch) is not the endpoint's silence. A hanging one is still found."""
+
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        healthy, hanging = destination(f"{receiver}/ok"), destination(f"{receiver}/hang")
+        out = [asyncio.create_task(sender.attempt(d, b"{}", "m")) for d in (healthy, hanging)]
+        while not all(sender._target(d.webhooks[0].url).in_flight for d in (healthy, hanging)):
+            await asyncio.sleep(0)
+        time.sleep(0.6)  # the loop is blocked: no answer can be read meanwhile
+        assert not sender.silent(healthy) and not sender.silent(hanging)
+        assert (await out[0])[0].status == 200
+        await asyncio.sleep(0.4)  # the loop runs, the hanging request stays out
+        assert sender.silent(hanging) and not sender.silent(healthy)
+        assert (await out[1])[0].status == 200  # after its 2 s
+
+    with_receiver(test, SETTINGS.replace(delivery_timeout=3.0, circuit_failures=10))
+
+
 def test_a_request_waiting_behind_a_silent_endpoint_gives_up_its_wait() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging = destination(f"{receiver}/hang")
@@ -227,3 +247,16 @@ def test_an_endpoint_is_silent_after_ten_times_its_usual_answer_time() -> None:
     assert not target.silent(102.4, 2.5) and target.silent(102.6, 2.5)
     target.in_flight = 0
     assert not target.silent(200.0, 2.5)  # nothing out: nothing to wait for
+
+
+def test_a_silent_endpoint_waits_until_its_oldest_request_out_times_out() -> None:
+    sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
+    hanging = destination(A)
+    assert sender.silence_ends_in(hanging) is None  # never tried
+    target = sender._target(A)
+    target.in_flight, target.quiet_since = 3, time.monotonic() - 1.0  # silent for a second
+    wait = sender.silence_ends_in(hanging)
+    assert wait is not None and 4.4 <= wait <= 4.5  # 4 s to the timeout, 0.5 s to hear it
+    assert sender.silent(hanging)
+    target.quiet_since = time.monotonic() - 0.1  # it answered 100 ms ago: not silent
+    assert sender.silence_ends_in(hanging) is None and not sender.silent(hanging)

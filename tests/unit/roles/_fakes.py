@@ -117,6 +117,9 @@ class FakeSender:
     def silent(self, destination: Destination) -> bool:
         return False
 
+    def silence_ends_in(self, destination: Destination) -> float | None:
+        return 3.0 if self.silent(destination) else None
+
     def rate_wait(self, destination: Destination) -> float:
         return 0.0
 

@@ -333,9 +333,11 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     before = time.time()
     _, loop, producer, batch = run([value], sender)
     [parked] = producer.sent
-    assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[0], b"hooks/u1", value)  # as is
+    assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[1], b"hooks/u1", value)  # as is
     tier, not_before, first, deadline, destination = park_header(parked) or ()
-    assert (tier, destination) == ("0", "hooks")  # 30 s until the circuit half-opens: tier 0
+    # 30 s until the circuit half-opens: the 60 s tier, not the 10 s one, whose short parks
+    # (a second for a silent destination) would wait behind it
+    assert (tier, destination) == ("1", "hooks")
     assert before + 29 <= int(not_before) / 1000 <= time.time() + 30
     assert int(deadline) - int(first) == 1000 * 1000  # its deadline's clock started
     assert sender.attempts == [] and loop.finished == batch
@@ -343,7 +345,7 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
 
 
 class Silent(FakeSender):
-    """Its endpoints have requests out and answered none lately."""
+    """Its endpoints have requests out and answered none lately (the fake's wait: 3 s)."""
 
     def silent(self, destination: Destination) -> bool:
         return True
@@ -357,9 +359,9 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
     before = time.time()
     parked = handler.parked_at_routing(b"hooks/u1", value, delivery())
     assert parked is not None
-    assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[0], b"hooks/u1", value)
+    assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[1], b"hooks/u1", value)
     tier, not_before, first, deadline, destination = park_header(parked) or ()
-    assert (tier, destination) == ("0", "hooks")
+    assert (tier, destination) == ("1", "hooks")
     assert int(before * 1000) <= int(first) <= time.time() * 1000  # the window starts now
     assert int(deadline) - int(first) == 1000 * 1000
     # until the circuit half-opens (30 s)
@@ -367,7 +369,18 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
     assert parked_before._value.get() == count + 1
 
 
-def test_a_fresh_record_goes_to_deliveries_unless_its_circuits_are_open() -> None:
+def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
+    value = encoded(delivery())
+    before = time.time()
+    parked = handler_for(FakeProducer(), Silent(lambda d: [OK])).parked_at_routing(
+        b"k", value, delivery()
+    )
+    assert parked is not None and parked[2] == value
+    tier, not_before, *_ = park_header(parked) or ()
+    assert tier == "0" and before + 2.95 <= int(not_before) / 1000 <= time.time() + 3.05
+
+
+def test_a_fresh_record_goes_to_deliveries_unless_its_endpoints_are_down_or_hang() -> None:
     class Limited(FakeSender):
         def rate_wait(self, destination: Destination) -> float:
             return 30.0
@@ -375,24 +388,28 @@ def test_a_fresh_record_goes_to_deliveries_unless_its_circuits_are_open() -> Non
     value, fresh = encoded(delivery()), delivery()
     healthy = handler_for(FakeProducer(), FakeSender(lambda d: [OK]))
     assert healthy.parked_at_routing(b"k", value, fresh) is None
-    # Decided on arrival, where the records ahead of it have been counted: over its rate, or
-    # silent (the router runs ahead of delivery; a busy receiver's pause may be over by then).
-    for sender in (Limited(lambda d: [OK]), Silent(lambda d: [OK])):
-        assert handler_for(FakeProducer(), sender).parked_at_routing(b"k", value, fresh) is None
+    # Decided on arrival, where the records ahead of it have been counted: over its rate.
+    limited = handler_for(FakeProducer(), Limited(lambda d: [OK]))
+    assert limited.parked_at_routing(b"k", value, fresh) is None
     off = handler_for(FakeProducer(), CIRCUITS_OPEN, settings=Settings(parking=False))
     assert off.parked_at_routing(b"k", value, fresh) is None
     gone = handler_for(FakeProducer(), CIRCUITS_OPEN)  # dead-lettered on arrival, with its record
     assert gone.parked_at_routing(b"k", encoded(delivery("gone")), delivery("gone")) is None
 
 
-def test_a_record_for_a_silent_destination_waits_a_second() -> None:
-    value = encoded(delivery())
-    before = time.time()
-    _, loop, producer, batch = run([value], Silent(lambda d: [OK]))
-    [parked] = producer.sent
-    _tier, not_before, *_ = park_header(parked) or ()
-    assert before + 0.95 <= int(not_before) / 1000 <= time.time() + 1.05  # SILENT_WAIT
-    assert loop.finished == batch
+def test_a_record_for_a_silent_destination_waits_as_long_as_the_sender_says() -> None:
+    class Answering(Silent):
+        def silence_ends_in(self, destination: Destination) -> float | None:
+            return 0.2  # its oldest request times out soon
+
+    for sender, wait in ((Silent(lambda d: [OK]), 3.0), (Answering(lambda d: [OK]), 1.0)):
+        before = time.time()
+        _, loop, producer, batch = run([encoded(delivery())], sender)
+        [parked] = producer.sent
+        _tier, not_before, *_ = park_header(parked) or ()
+        # the sender's wait, SILENT_WAIT (1 s) at least
+        assert before + wait - 0.05 <= int(not_before) / 1000 <= time.time() + wait + 0.05
+        assert loop.finished == batch
 
 
 def parked_taken(value: bytes | None, not_before: float, **changes: Any) -> Any:
