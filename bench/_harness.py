@@ -5,6 +5,7 @@ Everything runs on 127.0.0.1 and is ended by PID. Every wait is bounded.
 
 from __future__ import annotations
 
+import glob
 import http.client
 import os
 import signal
@@ -78,10 +79,13 @@ class Receiver:
 #: Every receiver and worker the bench started and has not stopped yet: a failed section's
 #: leftovers are stopped by ``end_all`` (by PID, never by name).
 _STARTED: list[Receiver | Worker] = []
+#: The topic prefixes of the deployments made since the last ``end_all``.
+_PREFIXES: list[str] = []
 
 
 def end_all() -> None:
-    """Stop what a section left running (it failed before its own ``finally``)."""
+    """Stop what a section left running (it failed before its own ``finally``), and remove its
+    deployments' embedded log stores (hundreds of MB a section; the worker logs stay)."""
     while _STARTED:
         started = _STARTED[-1]
         try:
@@ -89,6 +93,9 @@ def end_all() -> None:
         except Exception as exc:  # noqa: BLE001 - keep ending the others
             print(f"could not stop {started}: {exc}", file=sys.stderr)
         _forget(started)
+    while _PREFIXES:
+        for path in LOG_DIR.glob(f"{glob.escape(_PREFIXES.pop())}log.sqlite3*"):
+            path.unlink(missing_ok=True)
 
 
 def _forget(started: Receiver | Worker) -> None:
@@ -145,6 +152,7 @@ class Deployment:
             allowed_networks=("127.0.0.0/8",),
             **settings,
         )
+        _PREFIXES.append(self.settings.topic_prefix)
         self.topics = topics_for(self.settings)
         create_topics(self.settings)
         self.codec = Codec.default()
