@@ -188,7 +188,10 @@ def delivered_log_body(
     out += strings.get(before.source_id) or string_bytes(before.source_id)
     out += strings.get(before.call_type) or string_bytes(before.call_type)
     out += b"\x00\x00\x00"  # userId, anonymousId, event: null
-    requested = [result for result in results if result.failure is not Failure.CIRCUIT_OPEN]
+    if len(results) == 1 and results[0].failure is None:  # one webhook that answered 2xx
+        requested = results
+    else:
+        requested = [result for result in results if result.failure is not Failure.CIRCUIT_OPEN]
     count = len(requested) + 1
     out += longs.get(count) or long_bytes(count)
     destination = strings.get(before.destination_id) or string_bytes(before.destination_id)
@@ -215,8 +218,11 @@ def delivered_log_body(
         out += tier
         out.append(0)  # notBefore 0
         out += longs.get(number) or long_bytes(number)
-        write_string(out, result.response)
-        out += b"\x00\x00"  # replayId "", body null
+        if result.response:
+            write_string(out, result.response)
+            out += b"\x00\x00"  # replayId "", body null
+        else:
+            out += b"\x00\x00\x00"  # response "", replayId "", body null
     out += _DELIVERED
     at = int(finished * 1000)
     out += longs.get(at) or long_bytes(at)
