@@ -157,12 +157,18 @@ def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> 
     write_string(out, call.message_id)
     out += strings.get(call.source_id) or string_bytes(call.source_id)
     out += strings.get(call.type.value) or string_bytes(call.type.value)
-    for text in (call.user_id, call.anonymous_id, call.event):
+    for text in (call.user_id, call.anonymous_id):  # many: not for the cache
         if text is None:
             out.append(0)
         else:
             out.append(2)
-            out += strings.get(text) or string_bytes(text)
+            write_string(out, text)
+    event = call.event
+    if event is None:
+        out.append(0)
+    else:
+        out.append(2)
+        out += strings.get(event) or string_bytes(event)
     out.append(4)  # two entries
     out += _RECEIVED
     out += longs.get(call.received_at) or long_bytes(call.received_at)
