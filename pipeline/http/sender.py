@@ -236,6 +236,7 @@ class _AwakeClock:
         self._beat_handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        self.stop()  # one chain of beats, whatever calls it twice
         self._due = time.monotonic()
         self._beat()
 
