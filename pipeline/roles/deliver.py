@@ -162,12 +162,10 @@ class DeliveryHandler:
                         loop.defer(taken, not_before - HOLD_SECONDS)
                         deferred.add(key)
                         continue
-                    if (
-                        not_before <= now
-                        and self._parking
-                        and self._park_again(taken, parked, now, decided)
-                    ):
-                        continue
+                    if not_before <= now and self._parking:
+                        destination = self._follower.table.destinations.get(parked.destination)
+                        if self._park(taken, parked, destination, now, decided):
+                            continue  # parked again, still undecoded
                 try:
                     record = delivery_from_record(
                         self._codec.decode("Delivery", taken.message.value())
@@ -385,44 +383,26 @@ class DeliveryHandler:
     def _park(
         self,
         taken: Taken,
-        record: Delivery,
+        window: Delivery | _ParkHeader,
         destination: Destination | None,
         now: float,
         decided: list[Decided],
     ) -> bool:
-        """Park a decoded record if its destination cannot take it now (not its final attempt)."""
+        """Park ``taken`` as it is (a decoded record, or a parked one come due, still undecoded)
+        if its destination cannot take it now; ``window``: the record, or its park header, whose
+        first attempt and deadline bound the wait (its final attempt is not parked)."""
         message = taken.message
         parked = self._parked(
             destination,
             message.key(),
             message.value(),
-            record.first_attempt_at,
-            record.deadline,
+            window.first_attempt_at,
+            window.deadline,
             now,
         )
         if parked is None:
             return False
         decided.append((taken, [parked], None))
-        return True
-
-    def _park_again(
-        self, taken: Taken, parked: _ParkHeader, now: float, decided: list[Decided]
-    ) -> bool:
-        """A parked record now due: parked again, still undecoded, if its destination still
-        cannot take it."""
-        destination = self._follower.table.destinations.get(parked.destination)
-        message = taken.message
-        again = self._parked(
-            destination,
-            message.key(),
-            message.value(),
-            parked.first_attempt_at,
-            parked.deadline,
-            now,
-        )
-        if again is None:
-            return False
-        decided.append((taken, [again], None))
         return True
 
     def parked_at_routing(
