@@ -58,11 +58,13 @@ from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.events import EventEmitter, EventKind
 from pipeline.kafka.log_batches import (
+    DeliveredArgs,
     LogBatcher,
     LogRecordValue,
     delivered_log_body,
     log_batch_records,
     writes_bodies,
+    written,
 )
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
@@ -74,7 +76,7 @@ log = logging.getLogger("pipeline.deliver")
 #: A ``LogRecord`` as the codec's dict (``pipeline.core.log_entries``).
 LogRecordDict = dict[str, Any]
 #: A record decided without a request: what to produce for it, and its log record.
-Decided = tuple[Taken, list[Outgoing | Headed], LogRecordValue | None]
+Decided = tuple[Taken, list[Outgoing | Headed], LogRecordValue | DeliveredArgs | None]
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
@@ -489,7 +491,8 @@ class DeliveryHandler:
         records = [record for _, out, _ in decided for record in out]
         logged = [record for _, _, record in decided if record is not None]
         if logged:  # only made when the log is on
-            records += log_batch_records(self._codec, self._topics.log, logged)
+            bodies = written(logged, delivered_log_body)
+            records += log_batch_records(self._codec, self._topics.log, bodies)
         await self._producer.send_all_until_acked(records, self._stop)
         for taken, _, _ in decided:
             loop.finish(taken)
@@ -557,16 +560,16 @@ class DeliveryHandler:
         finished: float,
         results: Sequence[UrlResult] = (),
         started: float = 0.0,
-    ) -> tuple[list[Outgoing], LogRecordValue | None]:
+    ) -> tuple[list[Outgoing], LogRecordValue | DeliveredArgs | None]:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
         request begun at ``started``, if one was made) and its log record, and its metrics."""
         outcome, record = conclusion.outcome, conclusion.delivery
         counted = self._metrics_of(before.destination_id)
         counted.outcomes[outcome].inc()
-        logged: LogRecordValue | None = None
+        logged: LogRecordValue | DeliveredArgs | None = None
         if self._log is not None:
             if outcome is Outcome.DELIVERED and self._bodies_direct:
-                logged = delivered_log_body(before, list(results), started, finished)  # fast
+                logged = (before, list(results), started, finished)  # written with its batch
             else:
                 logged = self._log_record(before, conclusion, finished, results, started)
         if outcome is Outcome.DELIVERED:

@@ -39,9 +39,11 @@ from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.log_batches import (
     LogRecordValue,
+    RoutedArgs,
     log_batch_records,
     routed_log_body,
     writes_bodies,
+    written,
 )
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
@@ -241,7 +243,7 @@ class RouterHandler:
         log_topic = self._topics.log if self._log else None
         parking = self._parking
         out: list[Outgoing | Headed] = []
-        logged: list[LogRecordValue] = []
+        logged: list[LogRecordValue | RoutedArgs] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
         dropped: dict[DropReason, int] = {}
@@ -282,7 +284,7 @@ class RouterHandler:
             # One Kafka record for the batch's log, keyed by its input partition: a part's
             # transaction then spans one partition of the log.
             key = str(batch[0].key[1]).encode()
-            out += log_batch_records(codec, log_topic, logged, key)
+            out += log_batch_records(codec, log_topic, written(logged, routed_log_body), key)
         return out
 
     def _deliveries_in(self, out: list[Outgoing | Headed]) -> int:
@@ -290,8 +292,9 @@ class RouterHandler:
         topic = self._topics.deliveries
         return sum(1 for record in out if record[0] == topic or len(record) == 4)
 
-    def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue:
-        """The delivery log's record of the call ``decision`` is about."""
+    def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue | RoutedArgs:
+        """The delivery log's record of the call ``decision`` is about (or, the common case, its
+        body's arguments: the batch's bodies are ``written`` together)."""
         call = decision.call
         assert call is not None
         size = len(taken.message.value() or b"")
@@ -303,7 +306,7 @@ class RouterHandler:
             and decision.dropped is None
             and not decision.excluded
         ):
-            return routed_log_body(call, size, at, destinations)  # the common case, fast
+            return (call, size, at, destinations)
         body = None
         if self._log_bodies:
             body = decision.deliveries[0][1].body if decision.deliveries else render_body(call)

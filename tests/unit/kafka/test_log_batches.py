@@ -32,6 +32,7 @@ from pipeline.kafka.log_batches import (
     log_batch_records,
     read_log_batch,
     routed_log_body,
+    written,
 )
 from pipeline.kafka.registry_codec import RegistryCodec
 
@@ -112,6 +113,36 @@ def test_records_of_one_turn_go_in_one_produce_and_finish_after_it() -> None:
     assert finished == [0, 1, 2, 3]
 
 
+def test_a_delivered_calls_arguments_are_written_when_its_batch_goes() -> None:
+    producer, finished = Producer(), []
+    before = Delivery("m1", "d", "web", "track", b"{}", 1)
+    results = [UrlResult("http://h/a", 200, None, "", 0.01)]
+
+    async def go() -> None:
+        batcher = LogBatcher(producer, CODEC, "t.log", asyncio.Event())  # type: ignore[arg-type]
+        batcher.add(record("m0"), finished.append, 0)
+        batcher.add((before, results, 7.0, 7.5), finished.append, 1)
+        await batcher.aclose()
+
+    asyncio.run(go())
+    ((produce,),) = producer.sent
+    delivered = conclusion_log_record(
+        before, Outcome.DELIVERED, before, 7.5, results=results, started=7.0
+    )
+    assert decode_log_records(CODEC, produce[2]) == [record("m0"), delivered]
+    assert finished == [0, 1]
+
+
+def test_written_writes_only_the_arguments() -> None:
+    call = Call(CallType.TRACK, "m9", "web", timestamp=1, received_at=1, user_id="u", event="E")
+    body = routed_log_body(call, 10, 2, ["d"])
+    assert written([record("m1"), b"\x00", (call, 10, 2, ["d"])], routed_log_body) == [
+        record("m1"),
+        b"\x00",
+        body,
+    ]
+
+
 def test_records_not_acknowledged_at_stop_are_not_finished() -> None:
     producer, finished = Producer(down=True), []
 
@@ -129,12 +160,14 @@ def test_records_not_acknowledged_at_stop_are_not_finished() -> None:
 # ---- the two hot records, written straight to bytes ---------------------------------------------
 
 _TEXT = st.text(max_size=40)
-_OPTIONAL = st.none() | st.text(min_size=1, max_size=20)
+#: Past 63 bytes a string's length takes two varint bytes.
+_OPTIONAL = st.none() | st.text(min_size=1, max_size=80) | st.sampled_from(["x" * 63, "é" * 32])
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    message_id=st.text(min_size=1, max_size=40),
+    message_id=st.text(min_size=1, max_size=80),
+    source=_TEXT,
     user=_OPTIONAL,
     anonymous=_OPTIONAL,
     event=_OPTIONAL,
@@ -145,6 +178,7 @@ _OPTIONAL = st.none() | st.text(min_size=1, max_size=20)
 )
 def test_a_routed_body_is_the_codecs_bytes(
     message_id: str,
+    source: str,
     user: str | None,
     anonymous: str | None,
     event: str | None,
@@ -156,7 +190,7 @@ def test_a_routed_body_is_the_codecs_bytes(
     call = Call(
         CallType.TRACK if event else CallType.IDENTIFY,
         message_id,
-        "web",
+        source,
         timestamp=received,
         received_at=received,
         user_id=user if user or anonymous else "u",
@@ -167,6 +201,7 @@ def test_a_routed_body_is_the_codecs_bytes(
         "LogRecord", call_log_record(call, size, at, destinations=destinations)
     )[CODEC_HEADER:]
     assert routed_log_body(call, size, at, destinations) == expected
+    assert routed_log_body(call, size, at, destinations) == expected  # its pieces remembered
 
 
 _RESULT = st.builds(
@@ -214,6 +249,48 @@ def test_a_delivered_body_is_the_codecs_bytes(
     )
     expected = CODEC.encode("LogRecord", record)[CODEC_HEADER:]
     assert delivered_log_body(before, results, started, finished) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    names=st.tuples(*[st.text(max_size=80) for _ in range(4)]),
+    status=st.integers(200, 299),
+    tier=st.integers(-1, 8),
+    earlier=st.lists(st.integers(0, 2**40), max_size=4),
+    started=st.floats(1e9, 2e9),
+    took=st.floats(0, 10),
+    duration=st.floats(0, 100),
+)
+def test_a_call_delivered_by_one_webhook_is_the_codecs_bytes(
+    names: tuple[str, str, str, str],
+    status: int,
+    tier: int,
+    earlier: list[int],
+    started: float,
+    took: float,
+    duration: float,
+) -> None:
+    """The common case's own path (pieces that repeat, remembered): a message id of any length
+    and the names its pieces remember, long or not ASCII, and each piece's number."""
+    message_id, source, destination, url = names
+    before = Delivery(
+        message_id,
+        destination,
+        source,
+        "page",
+        b"{}",
+        1,
+        tier=tier,
+        attempts=tuple(Attempt(at, "u", 500, "server_error", 1) for at in earlier),
+    )
+    results = [UrlResult(url, status, None, "", duration, None, "")]
+    finished = started + took
+    record = conclusion_log_record(
+        before, Outcome.DELIVERED, before, finished, results=results, started=started
+    )
+    expected = CODEC.encode("LogRecord", record)[CODEC_HEADER:]
+    assert delivered_log_body(before, results, started, finished) == expected
+    assert delivered_log_body(before, results, started, finished) == expected  # remembered
 
 
 def test_bodies_and_dicts_share_a_batch() -> None:
