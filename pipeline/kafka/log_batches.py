@@ -22,7 +22,9 @@ writer's schema, the Schema Registry's codec, bytes it does not expect) goes the
 The two records every delivered call makes (the router's ``received`` + ``routed``, the delivery
 handler's ``attempt`` + ``delivered``) are written straight to Avro bytes from the pipeline's own
 objects (``routed_log_body``, ``delivered_log_body``): building the dicts and walking the schema
-cost the hot path about twice as much. Every other record goes through the dict builders of
+cost the hot path about twice as much. What repeats in them from call to call is kept as encoded
+pieces, and they are written a batch at a time (``written``), not between the other steps of a
+call. Every other record goes through the dict builders of
 ``pipeline.core.log_entries`` and the codec; ``tests/unit/kafka/test_log_batches.py`` checks that
 both give the same bytes. A codec other than ``Codec`` (the Schema Registry's) takes dicts only.
 """
