@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -420,10 +420,33 @@ class DeliveryHandler:
         3, a hang's first seconds: 0.69 → 0.81 of the healthy destination alone, for silence).
         A destination at its in-flight limit or over its rate is decided on arrival, where the
         records ahead of it have been counted: the router runs ahead of delivery."""
+        return self.routing_parker()(key, value, delivery)
+
+    def routing_parker(self) -> Callable[[bytes | None, bytes, Delivery], Headed | None]:
+        """``parked_at_routing`` for the records of one batch, which the router routes without
+        yielding: nothing the decision depends on changes meanwhile (bar the clock, by
+        milliseconds), so each destination's is made for its first record and kept for the
+        rest. A hanging destination's fresh record: 6.1 → 0.6 µs (in a micro-benchmark)."""
         if not self._parking:
-            return None
-        destination = self._follower.table.destinations.get(delivery.destination_id)
-        return self._parked(destination, key, value, None, None, time.time(), _AT_ROUTING)
+            return _not_parked
+        now = time.time()
+        table = self._follower.table
+        plans: dict[str, _ParkPlan | None] = {}
+
+        def parker(key: bytes | None, value: bytes, delivery: Delivery) -> Headed | None:
+            name = delivery.destination_id
+            if name in plans:
+                plan = plans[name]
+            else:
+                destination = table.destinations.get(name)
+                plan = plans[name] = self._park_plan(destination, None, None, now, _AT_ROUTING)
+            if plan is None:
+                return None
+            topic, headers, parked = plan
+            parked.inc()
+            return (topic, key, value, headers)
+
+        return parker
 
     def _parked(
         self,
@@ -433,11 +456,29 @@ class DeliveryHandler:
         first_attempt_at: int | None,
         deadline: int | None,
         now: float,
-        reasons: frozenset[str] | None = None,
     ) -> Headed | None:
-        """The record (``key``, ``value``) in a retry tier, if ``destination`` cannot take it now
-        (for one of ``reasons``, when given): the same bytes, the plan in a header, no
-        re-encode. ``None`` when it can, or when its final attempt is due."""
+        """The record (``key``, ``value``) in a retry tier, if ``destination`` cannot take it now:
+        the same bytes, the plan in a header, no re-encode. ``None`` when it can, or when its
+        final attempt is due."""
+        plan = self._park_plan(destination, first_attempt_at, deadline, now)
+        if plan is None:
+            return None
+        topic, headers, parked = plan
+        parked.inc()
+        return (topic, key, value, headers)
+
+    def _park_plan(
+        self,
+        destination: Destination | None,
+        first_attempt_at: int | None,
+        deadline: int | None,
+        now: float,
+        reasons: frozenset[str] | None = None,
+    ) -> _ParkPlan | None:
+        """Where a record of ``destination`` (its retry window starting at ``first_attempt_at``,
+        ending at ``deadline``; ``None``: a fresh record) waits if the destination cannot take it
+        now (for one of ``reasons``, when given), and the count of such records; ``None`` when
+        it can, or when its final attempt is due."""
         why = self._park_reason(destination)
         if why is None or (reasons is not None and why[0] not in reasons):
             return None
@@ -445,11 +486,14 @@ class DeliveryHandler:
         plan = park(first_attempt_at, deadline, self._schedule_of(destination), now, why[1])
         if plan is None:
             return None
-        self._metrics_of(destination.id).parked[why[0]].inc()
         header = _ParkHeader(
             plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination.id
         )
-        return (self._topics.retry[plan.tier], key, value, [(PARK_HEADER, header.encoded())])
+        return (
+            self._topics.retry[plan.tier],
+            [(PARK_HEADER, header.encoded())],
+            self._metrics_of(destination.id).parked[why[0]],
+        )
 
     def _schedule_of(self, destination: Destination | None) -> RetrySchedule:
         """The destination's retry schedule: its own ``retry`` policy over the global one."""
@@ -645,6 +689,15 @@ class _ParkHeader(NamedTuple):
             first_attempt_at=record.first_attempt_at or self.first_attempt_at,
             deadline=record.deadline or self.deadline,
         )
+
+
+#: Where a parked record goes, its header, and the count of records parked for its reason.
+_ParkPlan = tuple[str, list[tuple[str, str | bytes | None]], Any]
+
+
+def _not_parked(key: bytes | None, value: bytes, delivery: Delivery) -> None:
+    """The routing parker with parking off."""
+    return None
 
 
 def _asked_already(destination: Destination) -> None:

@@ -75,17 +75,18 @@ class RouterHandler:
         retake_after: float = 45.0,
         log: bool = False,
         log_bodies: bool = False,
-        parking: Parking | None = None,
+        parking: Callable[[], Parking] | None = None,
     ) -> None:
         """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
         off in transactions; the consumer loop must then not commit (``commits=False``).
         ``retake_after``: how long a fenced partition waits before it is taken back if it is
         still assigned here (a session timeout: a zombie knows it lost it by then).
         ``log``: each call's fate goes to the delivery log with its delivery records (in the
-        same transaction); ``log_bodies``: with the call's JSON. ``parking``: asked of each
-        delivery record (its key, value and delivery); what it returns (the record in a retry
-        tier with its park header) is produced instead (the worker's delivery handler, when
-        this process delivers too: ``DeliveryHandler.parked_at_routing``)."""
+        same transaction); ``log_bodies``: with the call's JSON. ``parking``: makes, for each
+        batch, the ``Parking`` asked of its delivery records (their key, value and delivery);
+        what it returns (the record in a retry tier with its park header) is produced instead
+        (the worker's delivery handler, when this process delivers too:
+        ``DeliveryHandler.routing_parker``)."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
@@ -241,7 +242,7 @@ class RouterHandler:
         decode = self._decode
         deliveries_topic = self._topics.deliveries
         log_topic = self._topics.log if self._log else None
-        parking = self._parking
+        parking = None if self._parking is None else self._parking()
         out: list[Outgoing | Headed] = []
         logged: list[LogRecordValue | RoutedArgs] = []
         # Counted per batch, not per call (a lock each), before anything is produced.

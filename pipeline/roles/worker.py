@@ -98,7 +98,7 @@ async def run_roles(
                 retake_after=settings.session_timeout or 45.0,
                 log=settings.log,
                 log_bodies=settings.log_bodies,
-                parking=None if deliverer is None else deliverer.parked_at_routing,
+                parking=None if deliverer is None else deliverer.routing_parker,
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(

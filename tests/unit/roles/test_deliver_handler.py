@@ -369,6 +369,29 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
     assert parked_before._value.get() == count + 1
 
 
+def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
+    class Counting(FakeSender):
+        asked = 0
+
+        def reopens_in(self, destination: Destination) -> float | None:
+            Counting.asked += 1
+            return 30.0 if destination.id == "hooks" else None
+
+    handler = handler_for(FakeProducer(), Counting(lambda d: [OK]))
+    parked = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
+    count = parked._value.get()
+    parker = handler.routing_parker()
+    value, gone = encoded(delivery()), encoded(delivery("gone"))
+    first, second = parker(b"k1", value, delivery()), parker(b"k2", value, delivery())
+    assert first is not None and second is not None
+    assert (first[1], second[1]) == (b"k1", b"k2") and first[3] == second[3]  # one plan
+    assert parker(b"k3", gone, delivery("gone")) is None  # not configured: dead-lettered later
+    assert Counting.asked == 1  # once for the destination, not once a record
+    assert parked._value.get() == count + 2  # each record counted
+    assert handler.routing_parker()(b"k5", value, delivery()) is not None
+    assert Counting.asked == 2  # the next batch asks again
+
+
 def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
     value = encoded(delivery())
     before = time.time()

@@ -307,7 +307,7 @@ def parks_b(key: bytes | None, value: bytes, delivery: Any) -> Any:
 def test_records_the_parking_takes_are_produced_parked_instead() -> None:
     track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
     routed = metrics.DELIVERIES_ROUTED._value.get()
-    _, loop, producer, batch = run([call_value(track)], parking=parks_b)
+    _, loop, producer, batch = run([call_value(track)], parking=lambda: parks_b)
     by_topic = {record[0]: record for record in producer.sent}
     assert set(by_topic) == {TOPICS.deliveries, TOPICS.retry[0]}
     delivered, parked = by_topic[TOPICS.deliveries], by_topic[TOPICS.retry[0]]
@@ -319,7 +319,7 @@ def test_records_the_parking_takes_are_produced_parked_instead() -> None:
 
 
 def test_a_parked_record_goes_in_the_partitions_transaction_with_its_header() -> None:
-    router = Transactional(parking=parks_b)
+    router = Transactional(parking=lambda: parks_b)
     router.run(calls(0, range(3)))
     [(records, next_offset, _)] = router.made[0].commits
     assert next_offset == 3
