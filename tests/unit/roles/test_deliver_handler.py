@@ -465,6 +465,30 @@ def test_a_parked_record_not_due_is_deferred_without_a_decode() -> None:
     assert producer.sent == [] and len(loop.deferred) == 1
 
 
+def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_window() -> None:
+    class Counting(FakeSender):
+        asked = 0
+
+        def reopens_in(self, destination: Destination) -> float | None:
+            Counting.asked += 1
+            return 30.0
+
+    first = int(time.time() * 1000) - 5000
+    batch = []
+    for offset, started in enumerate((first, first, first - 60_000)):
+        headers, value = parked_taken(b"not decoded", time.time() - 1, first=started)
+        batch.append(taken(TOPICS.retry[1], value, offset=offset, headers=headers))
+    _, loop, producer, batch = run([], Counting(lambda d: [OK]), batch=batch)
+    assert Counting.asked == 2  # one window, then the other
+    windows = [tuple((park_header(record) or ())[2:4]) for record in producer.sent]
+    assert windows == [
+        (str(first), str(first + 1_000_000)),
+        (str(first), str(first + 1_000_000)),
+        (str(first - 60_000), str(first - 60_000 + 1_000_000)),
+    ]
+    assert loop.finished == batch
+
+
 def test_a_parked_record_whose_circuit_closed_is_attempted_as_parked() -> None:
     sender = FakeSender(lambda d: [E503])
     value = encoded(delivery())  # as first parked: never attempted, tier -1
