@@ -152,7 +152,12 @@ class DeliveryHandler:
         # is open (or it is silent), so they cost its healthy neighbours little.
         decided: list[Decided] = []
         held: list[tuple[float, Taken, Delivery]] = []
-        plans: _Plans = {}  # parked records come due: parked again together
+        # Park plans by destination and window, made once for the batch: a plan to park holds
+        # for the rest of it (nothing changes while it runs but in-flight counts, which grow);
+        # a record not parked is decoded and asked again (``_start``).
+        plans: _Plans = {}
+        destinations = self._follower.table.destinations
+        fresh = self._topics.deliveries
         try:
             for taken in batch:
                 key = taken.key
@@ -166,9 +171,13 @@ class DeliveryHandler:
                         deferred.add(key)
                         continue
                     if not_before <= now and self._parking:
-                        destination = self._follower.table.destinations.get(parked.destination)
+                        destination = destinations.get(parked.destination)
                         if self._park(taken, parked, destination, now, decided, plans):
                             continue  # parked again, still undecoded
+                elif key[0] == fresh and self._parking:  # parked before its decode, if it must
+                    destination = destinations.get(_destination_in(taken.message.key()))
+                    if self._park(taken, _FRESH, destination, now, decided, plans):
+                        continue
                 try:
                     record = delivery_from_record(
                         self._codec.decode("Delivery", taken.message.value())
@@ -386,7 +395,7 @@ class DeliveryHandler:
     def _park(
         self,
         taken: Taken,
-        window: Delivery | _ParkHeader,
+        window: Delivery | _ParkHeader | _Window,
         destination: Destination | None,
         now: float,
         decided: list[Decided],
@@ -660,6 +669,26 @@ RATE_WAIT_IN_FLIGHT = 1.0
 SILENT_WAIT = 1.0
 #: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
 _AT_ROUTING = frozenset({"circuit_open", "silent"})
+
+
+class _Window(NamedTuple):
+    """A record's retry window, as ``_park`` reads it."""
+
+    first_attempt_at: int | None
+    deadline: int | None
+
+
+#: The window of a record on ``deliveries``, not attempted yet: it starts when it is parked.
+_FRESH = _Window(None, None)
+
+
+def _destination_in(key: bytes | None) -> str:
+    """The destination of a record on ``deliveries``, from its key (``routing.delivery_key``:
+    the destination's id, which has no "/", a "/" and the call's key); "" if it has none."""
+    if not key:
+        return ""
+    name, slash, _ = key.partition(b"/")
+    return name.decode(errors="replace") if slash else ""
 
 
 class _ParkHeader(NamedTuple):

@@ -465,6 +465,25 @@ def test_a_parked_record_not_due_is_deferred_without_a_decode() -> None:
     assert producer.sent == [] and len(loop.deferred) == 1
 
 
+def test_a_fresh_record_is_parked_before_its_decode_when_its_destination_cannot_take_it() -> None:
+    """A record on ``deliveries`` has not been attempted (the router's, a call replay's): its
+    key names its destination, and its window starts when it is parked."""
+    batch = [taken(TOPICS.deliveries, b"not decoded", key=b"hooks/u1", offset=0)]
+    before = time.time()
+    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    [parked] = producer.sent
+    assert (parked[1], parked[2]) == (b"hooks/u1", b"not decoded")
+    tier, not_before, first, _deadline, destination = park_header(parked) or ()
+    assert (tier, destination) == ("1", "hooks") and int(first) >= int(before * 1000)
+    assert loop.finished == batch
+    # Its key does not name a destination: decoded, and parked as decoded.
+    value = encoded(delivery())
+    batch = [taken(TOPICS.deliveries, value, key=b"no-slash", offset=0)]
+    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    [parked] = producer.sent
+    assert parked[2] == value and park_header(parked) is not None
+
+
 def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_window() -> None:
     class Counting(FakeSender):
         asked = 0
@@ -540,7 +559,8 @@ def test_the_final_attempt_is_not_parked() -> None:
     now = int(time.time() * 1000)
     record = delivery(first_attempt_at=now - 999_500, deadline=now + 500, tier=1)
     sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
-    _, loop, producer, batch = run([encoded(record)], sender)
+    retried = [taken(TOPICS.retry[1], encoded(record), key=b"hooks/u1", offset=0)]
+    _, loop, producer, batch = run([], sender, batch=retried)
     assert len(sender.attempts) == 1 and sender.attempts[0][3] is True  # final, through circuits
     assert [r for r in producer.sent if r[0] not in BESIDE] == [] and loop.finished == batch
 
