@@ -134,6 +134,10 @@ class DeliveryHandler:
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
         self._schedules: dict[str, tuple[tuple[Any, ...], RetrySchedule]] = {}
+        #: Per destination, the reopening of its circuits a parked record comes back for (to
+        #: take the probe); its other records come back once the probe has answered.
+        self._carriers: dict[str, float] = {}
+        self._probe_answered = settings.delivery_timeout + PROBE_HEARD_AFTER
         metrics.configure_destination_labels(settings.metrics_max_destinations)
         self._metrics: dict[str, _DestinationMetrics] = {}
         self._bodies_direct = writes_bodies(self._codec)
@@ -413,7 +417,7 @@ class DeliveryHandler:
             plan = self._planned(plans, destination, first, deadline, now)
         if plan is None:
             return False
-        topic, headers, parked = plan
+        topic, headers, parked, _ = plan
         parked.inc()
         message = taken.message
         decided.append((taken, [(topic, message.key(), message.value(), headers)], None))
@@ -450,7 +454,7 @@ class DeliveryHandler:
             plan = self._planned(plans, destination, None, None, now, _AT_ROUTING)
             if plan is None:
                 return None
-            topic, headers, parked = plan
+            topic, headers, parked, _ = plan
             parked.inc()
             return (topic, key, value, headers)
 
@@ -469,7 +473,9 @@ class DeliveryHandler:
         key = (None if destination is None else destination.id, first_attempt_at, deadline)
         if key in plans:
             return plans[key]
-        plan = plans[key] = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
+        plan = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
+        if plan is None or plan.shared:
+            plans[key] = plan
         return plan
 
     def _park_plan(
@@ -488,16 +494,29 @@ class DeliveryHandler:
         if why is None or (reasons is not None and why[0] not in reasons):
             return None
         assert destination is not None
-        plan = park(first_attempt_at, deadline, self._schedule_of(destination), now, why[1])
+        reason, wait = why
+        shared = True
+        if reason == "circuit_open":
+            # One record comes back when the circuits may be tried again, to take the probe
+            # (unless a fresh record takes it first); the others once its answer is known. Parked
+            # records then come back once a cool-down, not twice (again during the probe).
+            reopens_at = now + wait
+            if abs(self._carriers.get(destination.id, 0.0) - reopens_at) > 1.0:
+                self._carriers[destination.id] = reopens_at
+                shared = False
+            else:
+                wait += self._probe_answered
+        plan = park(first_attempt_at, deadline, self._schedule_of(destination), now, wait)
         if plan is None:
             return None
         header = _ParkHeader(
             plan.tier, plan.not_before, plan.first_attempt_at, plan.deadline, destination.id
         )
-        return (
+        return _ParkPlan(
             self._topics.retry[plan.tier],
             [(PARK_HEADER, header.encoded())],
-            self._metrics_of(destination.id).parked[why[0]],
+            self._metrics_of(destination.id).parked[reason],
+            shared,
         )
 
     def _schedule_of(self, destination: Destination | None) -> RetrySchedule:
@@ -667,6 +686,9 @@ RATE_WAIT_IN_FLIGHT = 1.0
 #: records wait until its requests out have timed out (``WebhookSender.silence_ends_in``), this
 #: at least.
 SILENT_WAIT = 1.0
+#: A circuit's probe has answered (or timed out) this long after the delivery timeout, at most:
+#: when the records parked while its circuit is open come back, but one (``_park_plan``).
+PROBE_HEARD_AFTER = 0.5
 #: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
 _AT_ROUTING = frozenset({"circuit_open", "silent"})
 
@@ -716,8 +738,17 @@ class _ParkHeader(NamedTuple):
         )
 
 
-#: Where a parked record goes, its header, and the count of records parked for its reason.
-_ParkPlan = tuple[str, list[tuple[str, str | bytes | None]], Any]
+class _ParkPlan(NamedTuple):
+    """Where a parked record goes, its header, and the count of records parked for its reason;
+    ``shared``: the plan holds for the batch's other records of its destination and window (not
+    for the record that comes back for the probe)."""
+
+    topic: str
+    headers: list[tuple[str, str | bytes | None]]
+    parked: Any
+    shared: bool
+
+
 #: A batch's park plans so far, by destination and retry window (``DeliveryHandler._planned``).
 _Plans = dict[tuple[str | None, int | None, int | None], _ParkPlan | None]
 

@@ -17,7 +17,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
-from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, DeliveryHandler
+from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, PROBE_HEARD_AFTER, DeliveryHandler
 from pipeline.runtime import metrics
 from tests.unit.roles._fakes import (
     FakeFollower,
@@ -382,14 +382,15 @@ def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
     count = parked._value.get()
     parker = handler.routing_parker()
     value, gone = encoded(delivery()), encoded(delivery("gone"))
-    first, second = parker(b"k1", value, delivery()), parker(b"k2", value, delivery())
-    assert first is not None and second is not None
-    assert (first[1], second[1]) == (b"k1", b"k2") and first[3] == second[3]  # one plan
-    assert parker(b"k3", gone, delivery("gone")) is None  # not configured: dead-lettered later
-    assert Counting.asked == 1  # once for the destination, not once a record
-    assert parked._value.get() == count + 2  # each record counted
+    carrier = parker(b"k1", value, delivery())  # comes back for the probe: its own plan
+    second, third = parker(b"k2", value, delivery()), parker(b"k3", value, delivery())
+    assert carrier is not None and second is not None and third is not None
+    assert (second[1], third[1]) == (b"k2", b"k3") and second[3] == third[3]  # one plan
+    assert parker(b"k4", gone, delivery("gone")) is None  # not configured: dead-lettered later
+    assert Counting.asked == 2  # the carrier's, then the plan the others share
+    assert parked._value.get() == count + 3  # each record counted
     assert handler.routing_parker()(b"k5", value, delivery()) is not None
-    assert Counting.asked == 2  # the next batch asks again
+    assert Counting.asked == 3  # the next batch asks again
 
 
 def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
@@ -494,18 +495,42 @@ def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_windo
 
     first = int(time.time() * 1000) - 5000
     batch = []
-    for offset, started in enumerate((first, first, first - 60_000)):
+    for offset, started in enumerate((first, first, first, first - 60_000)):
         headers, value = parked_taken(b"not decoded", time.time() - 1, first=started)
         batch.append(taken(TOPICS.retry[1], value, offset=offset, headers=headers))
     _, loop, producer, batch = run([], Counting(lambda d: [OK]), batch=batch)
-    assert Counting.asked == 2  # one window, then the other
+    assert Counting.asked == 3  # the probe's carrier, the plan of its window, the other window
     windows = [tuple((park_header(record) or ())[2:4]) for record in producer.sent]
     assert windows == [
+        (str(first), str(first + 1_000_000)),
         (str(first), str(first + 1_000_000)),
         (str(first), str(first + 1_000_000)),
         (str(first - 60_000), str(first - 60_000 + 1_000_000)),
     ]
     assert loop.finished == batch
+
+
+def test_one_parked_record_comes_back_for_the_probe_the_others_after_its_answer() -> None:
+    class Reopens(FakeSender):
+        wait = 30.0
+
+        def reopens_in(self, destination: Destination) -> float | None:
+            return self.wait
+
+    sender = Reopens(lambda d: [OK])
+    handler = handler_for(FakeProducer(), sender)
+    value = encoded(delivery())
+
+    def waits(count: int) -> list[float]:
+        parker, now = handler.routing_parker(), time.time()
+        parked = [parker(b"k", value, delivery()) for _ in range(count)]
+        return [round(int((park_header(r) or ())[1]) / 1000 - now, 1) for r in parked if r]
+
+    answered = Settings().delivery_timeout + PROBE_HEARD_AFTER
+    assert waits(3) == [30.0, 30.0 + answered, 30.0 + answered]
+    assert waits(2) == [30.0 + answered] * 2  # a later batch: the reopening has its carrier
+    sender.wait = 10.0  # the probe failed: the circuit opened again, reopening sooner
+    assert waits(2) == [10.0, 10.0 + answered]
 
 
 def test_a_parked_record_whose_circuit_closed_is_attempted_as_parked() -> None:
