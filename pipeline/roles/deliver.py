@@ -411,10 +411,7 @@ class DeliveryHandler:
         the batch's plans so far, by destination and window (records parked together come due
         together, with one window: a hanging destination's backlog, 5.7 → 0.7 µs a record)."""
         first, deadline = window.first_attempt_at, window.deadline
-        if plans is None:
-            plan = self._park_plan(destination, first, deadline, now)
-        else:
-            plan = self._planned(plans, destination, first, deadline, now)
+        plan = self._park_plan(destination, first, deadline, now, plans=plans)
         if plan is None:
             return False
         topic, headers, parked, _ = plan
@@ -451,7 +448,7 @@ class DeliveryHandler:
 
         def parker(key: bytes | None, value: bytes, delivery: Delivery) -> Headed | None:
             destination = destinations.get(delivery.destination_id)
-            plan = self._planned(plans, destination, None, None, now, _AT_ROUTING)
+            plan = self._park_plan(destination, None, None, now, _AT_ROUTING, plans)
             if plan is None:
                 return None
             topic, headers, parked, _ = plan
@@ -460,24 +457,6 @@ class DeliveryHandler:
 
         return parker
 
-    def _planned(
-        self,
-        plans: _Plans,
-        destination: Destination | None,
-        first_attempt_at: int | None,
-        deadline: int | None,
-        now: float,
-        reasons: frozenset[str] | None = None,
-    ) -> _ParkPlan | None:
-        """``_park_plan``, made once a batch for each destination and window (``plans``)."""
-        key = (None if destination is None else destination.id, first_attempt_at, deadline)
-        if key in plans:
-            return plans[key]
-        plan = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
-        if plan is None or plan.shared:
-            plans[key] = plan
-        return plan
-
     def _park_plan(
         self,
         destination: Destination | None,
@@ -485,11 +464,21 @@ class DeliveryHandler:
         deadline: int | None,
         now: float,
         reasons: frozenset[str] | None = None,
+        plans: _Plans | None = None,
     ) -> _ParkPlan | None:
         """Where a record of ``destination`` (its retry window starting at ``first_attempt_at``,
         ending at ``deadline``; ``None``: a fresh record) waits if the destination cannot take it
         now (for one of ``reasons``, when given), and the count of such records; ``None`` when
-        it can, or when its final attempt is due."""
+        it can, or when its final attempt is due. ``plans``: the batch's plans so far, by
+        destination and window, which the plan made here joins if it holds for the others."""
+        if plans is not None:
+            key = (None if destination is None else destination.id, first_attempt_at, deadline)
+            if key in plans:
+                return plans[key]
+            made = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
+            if made is None or made.shared:
+                plans[key] = made
+            return made
         why = self._park_reason(destination)
         if why is None or (reasons is not None and why[0] not in reasons):
             return None
@@ -749,7 +738,7 @@ class _ParkPlan(NamedTuple):
     shared: bool
 
 
-#: A batch's park plans so far, by destination and retry window (``DeliveryHandler._planned``).
+#: A batch's park plans so far, by destination and retry window (``DeliveryHandler._park_plan``).
 _Plans = dict[tuple[str | None, int | None, int | None], _ParkPlan | None]
 
 
