@@ -80,7 +80,8 @@ class Routed(NamedTuple):
     call_type: CallType | None = None
     """The call's type (counted as routed); ``None`` when it did not decode."""
     deliveries: tuple[tuple[bytes, Delivery], ...] = ()
-    """(Kafka key, record) for the deliveries topic, one per destination."""
+    """(Kafka key, record) for the deliveries topic, one per destination: the records differ
+    only in their destination (the router encodes the first and splices the others)."""
     dropped: DropReason | None = None
     undecodable: str | None = None
     """Why the record is not a call: it goes to the dead-letter topic, raw."""

@@ -8,16 +8,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pipeline import parse_call
 from pipeline.core.config import ConfigTable, Destination, Source
-from pipeline.core.records import call_to_record
+from pipeline.core.records import Delivery, call_to_record, delivery_to_record
 from pipeline.core.render import render_body
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
-from pipeline.roles.router import RouterHandler
+from pipeline.roles.router import RouterHandler, _values
 from pipeline.runtime import metrics
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, RegistryDown, taken
 
@@ -325,3 +328,27 @@ def test_a_parked_record_goes_in_the_partitions_transaction_with_its_header() ->
     assert next_offset == 3
     assert sorted(r[0] for r in records) == [TOPICS.deliveries] * 3 + [TOPICS.retry[0]] * 3
     assert all(len(r) == 4 for r in records if r[0] == TOPICS.retry[0])
+
+
+_ID = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", fullmatch=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names=st.lists(_ID, min_size=1, max_size=6, unique=True),
+    message_id=st.text(min_size=1, max_size=80),
+)
+def test_a_calls_delivery_records_are_the_codecs_bytes_for_each_destination(
+    names: list[str], message_id: str
+) -> None:
+    """The first is encoded, the others spliced from it: each is what the codec writes for it,
+    whatever the lengths of the ids (past 63 bytes a length takes two bytes)."""
+    call = parse_call(
+        {"type": "track", "event": "E", "userId": "u", "messageId": message_id},
+        source_id="web",
+        received_at=1,
+    )
+    body = render_body(call)
+    deliveries = [(b"k", Delivery.for_call(call, name, body)) for name in names]
+    expected = [CODEC.encode("Delivery", delivery_to_record(d)) for _, d in deliveries]
+    assert _values(CODEC, deliveries) == expected
