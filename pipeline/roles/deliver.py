@@ -414,10 +414,8 @@ class DeliveryHandler:
         plan = self._park_plan(destination, first, deadline, now, plans=plans)
         if plan is None:
             return False
-        topic, headers, parked, _ = plan
-        parked.inc()
         message = taken.message
-        decided.append((taken, [(topic, message.key(), message.value(), headers)], None))
+        decided.append((taken, [plan.parked_record(message.key(), message.value())], None))
         return True
 
     def parked_at_routing(
@@ -449,11 +447,7 @@ class DeliveryHandler:
         def parker(key: bytes | None, value: bytes, delivery: Delivery) -> Headed | None:
             destination = destinations.get(delivery.destination_id)
             plan = self._park_plan(destination, None, None, now, _AT_ROUTING, plans)
-            if plan is None:
-                return None
-            topic, headers, parked, _ = plan
-            parked.inc()
-            return (topic, key, value, headers)
+            return None if plan is None else plan.parked_record(key, value)
 
         return parker
 
@@ -736,6 +730,12 @@ class _ParkPlan(NamedTuple):
     headers: list[tuple[str, str | bytes | None]]
     parked: Any
     shared: bool
+
+    def parked_record(self, key: bytes | None, value: bytes | None) -> Headed:
+        """The record (``key``, ``value``) parked by this plan, counted: the same bytes, the
+        plan in a header."""
+        self.parked.inc()
+        return (self.topic, key, value, self.headers)
 
 
 #: A batch's park plans so far, by destination and retry window (``DeliveryHandler._park_plan``).
