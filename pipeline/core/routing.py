@@ -25,7 +25,15 @@ from pipeline.core.integrations import is_enabled
 from pipeline.core.records import Delivery
 from pipeline.core.render import render_body
 
-__all__ = ["DropReason", "Route", "route", "Routed", "route_record", "delivery_key"]
+__all__ = [
+    "DropReason",
+    "Route",
+    "route",
+    "Routed",
+    "route_record",
+    "delivery_key",
+    "key_destination",
+]
 
 
 class DropReason(enum.StrEnum):
@@ -120,3 +128,12 @@ def route_record(
 def delivery_key(destination_id: str, call: Call) -> bytes:
     """The Kafka key of ``call``'s delivery record for a destination (see the module's doc)."""
     return destination_id.encode() + b"/" + call.key
+
+
+def key_destination(key: bytes | None) -> str:
+    """The destination a ``delivery_key`` names (a destination's id has no "/"); "" for a key
+    that names none."""
+    if not key:
+        return ""
+    name, slash, _ = key.partition(b"/")
+    return name.decode(errors="replace") if slash else ""

@@ -48,6 +48,7 @@ from pipeline.core.records import (
     delivery_to_record,
 )
 from pipeline.core.retry_schedule import RetrySchedule
+from pipeline.core.routing import key_destination
 from pipeline.core.settings import Settings
 from pipeline.core.suppression import SUPPRESSED_REASON, suppressed_by
 from pipeline.core.topics import Topics
@@ -179,7 +180,7 @@ class DeliveryHandler:
                         if self._park(taken, parked, destination, now, decided, plans):
                             continue  # parked again, still undecoded
                 elif key[0] == fresh and self._parking:  # parked before its decode, if it must
-                    destination = destinations.get(_destination_in(taken.message.key()))
+                    destination = destinations.get(key_destination(taken.message.key()))
                     if self._park(taken, _FRESH, destination, now, decided, plans):
                         continue
                 try:
@@ -685,15 +686,6 @@ class _Window(NamedTuple):
 
 #: The window of a record on ``deliveries``, not attempted yet: it starts when it is parked.
 _FRESH = _Window(None, None)
-
-
-def _destination_in(key: bytes | None) -> str:
-    """The destination of a record on ``deliveries``, from its key (``routing.delivery_key``:
-    the destination's id, which has no "/", a "/" and the call's key); "" if it has none."""
-    if not key:
-        return ""
-    name, slash, _ = key.partition(b"/")
-    return name.decode(errors="replace") if slash else ""
 
 
 class _ParkHeader(NamedTuple):

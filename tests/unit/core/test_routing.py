@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import Call, parse_call
 from pipeline.core.config import ConfigTable, Destination, Source
-from pipeline.core.routing import DropReason, Route, route
+from pipeline.core.routing import DropReason, Route, delivery_key, key_destination, route
 
 
 def dest(
@@ -158,3 +158,10 @@ def test_drop_reason_labels() -> None:
         "integrations",
         "destination_disabled",
     }
+
+
+def test_a_delivery_key_names_its_destination() -> None:
+    raw = {"type": "track", "event": "E", "userId": "u/1"}
+    call = parse_call(raw, source_id="web", received_at=1)
+    assert key_destination(delivery_key("hooks.a:1", call)) == "hooks.a:1"  # "/" in the user id
+    assert key_destination(b"no-slash") == key_destination(None) == key_destination(b"") == ""
