@@ -192,8 +192,8 @@ def _optional_text(text: str | None) -> bytes:
     if text is None:
         return b"\x00"
     data = text.encode()
-    size = len(data) << 1
-    return (b"\x02%c" % size if size < 0x80 else b"\x02" + long_bytes(len(data))) + data
+    size = len(data)
+    return b"\x02" + (LONGS.get(size) or long_bytes(size)) + data
 
 
 def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> bytes:
