@@ -7,7 +7,12 @@ sending calls again, the progress bar and the summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from pipeline.commands._args import Subparsers
@@ -149,8 +154,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         bar.set_postfix_str(f"{'matched' if args.dry_run else 'sent'} {sent:,}", refresh=False)
         bar.update(scanned - bar.n)
 
+    stop = threading.Event()
     try:
-        result = run_replay(settings, plan, dry_run=args.dry_run, progress=progress)
+        with _ctrl_c_sets(stop):
+            result = run_replay(settings, plan, dry_run=args.dry_run, progress=progress, stop=stop)
     finally:
         bar.close()
 
@@ -177,6 +184,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "shows their delivery"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets ``stop``: the replay ends after the record at hand, so the signal
+    never lands inside a Kafka call or callback. A second one interrupts at once. SIGINT is
+    left as it is where it is not Python's default (ignored in a background job)."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def requested(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, requested)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _filters(selection: ReplaySelection) -> str:

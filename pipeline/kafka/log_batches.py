@@ -557,9 +557,7 @@ class LogBatcher:
         then: list[tuple[Callable[[Any], object], Any]],
     ) -> None:
         try:
-            out = log_batch_records(
-                self._codec, self._topic, written(records, delivered_log_body)
-            )
+            out = log_batch_records(self._codec, self._topic, written(records, delivered_log_body))
             await self._producer.send_all_until_acked(out, self._stop)
         except BrokerUnavailable as exc:  # stopping: what is not finished is read again
             log.warning("delivery log: %d records unacknowledged at stop: %s", len(records), exc)

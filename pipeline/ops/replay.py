@@ -21,6 +21,7 @@ How a replay runs (why each step is so: docs/decisions.md, "Replay and backfill"
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections import Counter
@@ -201,14 +202,17 @@ def run_replay(
     *,
     dry_run: bool = False,
     progress: Progress | None = None,
+    stop: threading.Event | None = None,
 ) -> ReplayResult:
-    """Send the plan's calls (``dry_run``: only count them). A ``KeyboardInterrupt`` stops it
-    at a checkpoint; the result then says ``interrupted`` and the same arguments resume it."""
+    """Send the plan's calls (``dry_run``: only count them). ``stop`` set (the command sets it on
+    Ctrl-C) ends it after the record at hand, a ``KeyboardInterrupt`` wherever it lands; either
+    way it is checkpointed, the result says ``interrupted`` and the same arguments resume it."""
     run = _Run(settings, plan, dry_run, progress)
     try:
-        run.read()
+        run.read(stop or threading.Event())
     except KeyboardInterrupt:
-        run.result.interrupted = True
+        pass
+    run.result.interrupted = run.interrupted
     if not dry_run:
         run.checkpoint(finished=not run.result.interrupted)
     return run.result
@@ -236,12 +240,14 @@ class _Run:
             rate=plan.state.rate, burst=max(1.0, plan.state.rate * _BURST_SHARE)
         )
         self.last_checkpoint = time.monotonic()
+        self.interrupted = True  # until the read reaches the range's end
         if self.producer is not None and not plan.resumed:
             self.checkpoint()  # recorded before the first send: resumable from the start
 
-    def read(self) -> None:
+    def read(self, stop: threading.Event) -> None:
         pending = {p: pos.next for p, pos in self.positions.items() if not pos.done}
         if not pending:
+            self.interrupted = False
             return
         plan = self.plan
         earliest = plan.selection.since - TIMESTAMP_SLACK_MS
@@ -250,9 +256,11 @@ class _Run:
         try:
             reader.assign_at(pending)
             stalled = time.monotonic() + READ_IDLE_TIMEOUT
-            while pending:
+            while pending and not stop.is_set():
                 records, ended = reader.poll(0.1, max_records=500)
                 for message in records:
+                    if stop.is_set():
+                        return
                     partition, offset = message.partition(), message.offset()
                     assert partition is not None and offset is not None
                     if partition not in pending:
@@ -282,6 +290,7 @@ class _Run:
                         f"partition within {READ_IDLE_TIMEOUT:.0f} s; run the same command "
                         "again to resume"
                     )
+            self.interrupted = bool(pending)
         finally:
             reader.close()
 

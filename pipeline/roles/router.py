@@ -75,7 +75,9 @@ def _values(codec: RecordCodec, deliveries: Sequence[tuple[bytes, Delivery]]) ->
     if len(deliveries) == 1:
         return [value]
     if not isinstance(codec, Codec):
-        return [value] + [codec.encode("Delivery", delivery_to_record(d)) for _, d in deliveries[1:]]
+        return [value] + [
+            codec.encode("Delivery", delivery_to_record(d)) for _, d in deliveries[1:]
+        ]
     head = bytearray(codec.header("Delivery"))
     write_string(head, first.message_id)
     start = len(head)
@@ -304,7 +306,9 @@ class RouterHandler:
                     dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
                     continue
                 deliveries = decision.deliveries
-                for (key, delivery), value in zip(deliveries, _values(codec, deliveries), strict=True):
+                for (key, delivery), value in zip(
+                    deliveries, _values(codec, deliveries), strict=True
+                ):
                     parked = None if parking is None else parking(key, value, delivery)
                     out.append((deliveries_topic, key, value) if parked is None else parked)
         finally:

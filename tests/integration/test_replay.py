@@ -191,7 +191,9 @@ def test_an_interrupted_replay_resumes_where_it_stopped(
     first = process_factory(settings, *args)
     checkpointed(first, 250)
     first.send_signal(signal.SIGINT)  # Ctrl-C: stops at a checkpoint
-    assert first.wait(30) == 130
+    code = first.wait(30)
+    assert first.stderr is not None
+    assert code == 130, first.stderr.read().decode(errors="replace")
     second = process_factory(settings, *args)
     checkpointed(second, 600)
     second.kill()  # no checkpoint: resumed from the last one
