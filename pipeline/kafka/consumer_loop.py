@@ -62,7 +62,7 @@ class _Partition:
 class Taken:
     """A record taken for processing; hand it back to ``ConsumerLoop.finish`` when durable."""
 
-    __slots__ = ("message", "key", "offset", "_partition", "_generation")
+    __slots__ = ("message", "key", "offset", "_partition", "_generation", "_whole")
 
     def __init__(
         self, message: Message, key: tuple[str, int], offset: int, partition: _Partition
@@ -72,6 +72,42 @@ class Taken:
         self.offset = offset
         self._partition = partition
         self._generation = partition.generation
+        self._whole: _Whole | None = None
+
+    def parts(self, messages: Sequence[Any]) -> list[Taken]:
+        """This record as the several records it carries (``messages``, which answer what a
+        consumed message answers): each is finished on its own, and this one once all are."""
+        whole = _Whole(self, len(messages))
+        parts = []
+        for message in messages:
+            part = Taken.__new__(Taken)
+            part.message, part.key, part.offset = message, self.key, self.offset
+            part._partition, part._generation, part._whole = (
+                self._partition,
+                self._generation,
+                whole,
+            )
+            parts.append(part)
+        return parts
+
+    def finished(self) -> Taken | None:
+        """What finishing this record finishes: itself; a part, its whole once it is the last
+        of its parts to finish (``None`` before)."""
+        whole = self._whole
+        if whole is None:
+            return self
+        whole.left -= 1
+        return None if whole.left else whole.taken
+
+
+class _Whole:
+    """A record taken in parts (``Taken.parts``), and how many of them are not finished yet."""
+
+    __slots__ = ("taken", "left")
+
+    def __init__(self, taken: Taken, left: int) -> None:
+        self.taken = taken
+        self.left = left
 
 
 class Handler(Protocol):
@@ -135,6 +171,11 @@ class ConsumerLoop:
     # ---- called by handlers, on the event loop -------------------------------------------------
 
     def finish(self, taken: Taken) -> None:
+        if taken._whole is not None:  # a part: the record is finished with its last part
+            whole = taken.finished()
+            if whole is None:
+                return
+            taken = whole
         partition = taken._partition
         if partition.generation != taken._generation:
             return  # revoked: the new owner consumes the record again

@@ -27,9 +27,10 @@ I/O around them: decode, send, produce, finish, and the metrics.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -53,6 +54,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.suppression import SUPPRESSED_REASON, suppressed_by
 from pipeline.core.topics import Topics
 from pipeline.http.sender import WebhookSender
+from pipeline.kafka import parked_batches
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower, destination_record
 from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
@@ -150,7 +152,7 @@ class DeliveryHandler:
 
     async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
         now = time.time()
-        deferred: set[tuple[str, int]] = set()
+        deferred: dict[tuple[str, int], int] = {}  # partition → the offset it was deferred at
         # Records decided without a request (undecodable, destination gone, deadline passed,
         # parked) are handed off together: one produce and one wait for the batch, not a task, a
         # future and a wake-up each. A hanging destination's records are parked once its circuit
@@ -161,27 +163,48 @@ class DeliveryHandler:
         # for the rest of it (nothing changes while it runs but in-flight counts, which grow);
         # a record not parked is decoded and asked again (``_start``).
         plans: _Plans = {}
+        # After the decode, only plans to park are kept (in-flight counts grow as records start).
+        parking_plans: _Plans = {}
+        # What the batch parks, by plan: records parked together go out as one (a batch).
+        parking = _Parking()
         destinations = self._follower.table.destinations
         fresh = self._topics.deliveries
+        parts: list[Taken] = []  # the records of parked batches come due, once they are opened
         try:
-            for taken in batch:
+            for taken in itertools.chain(batch, parts):
                 key = taken.key
-                if key in deferred:
+                if key in deferred and taken.offset >= deferred[key]:
                     continue  # the loop sought back; these come again after the pause
                 parked = _parked(taken)  # read even with parking off: the header rules
                 if parked is not None:  # passed over, or parked again, without a decode
                     not_before = parked.not_before / 1000
                     if not_before - now > HOLD_SECONDS:
                         loop.defer(taken, not_before - HOLD_SECONDS)
-                        deferred.add(key)
+                        deferred.setdefault(key, taken.offset)
+                        continue
+                    if parked.parts and not_before > now:
+                        # A batch is not held, decoded, in memory: it waits undecoded, its
+                        # partition paused, and is then parked again whole if it must be.
+                        loop.defer(taken, not_before)
+                        deferred.setdefault(key, taken.offset)
                         continue
                     if not_before <= now and self._parking:
                         destination = destinations.get(parked.destination)
-                        if self._park(taken, parked, destination, now, decided, plans):
+                        if self._park(taken, parked, destination, now, decided, plans, parking):
                             continue  # parked again, still undecoded
+                    if parked.parts:  # come due, not parked again: each record goes its way
+                        message = taken.message
+                        headers = message.headers() or []  # a list on consumed records
+                        assert isinstance(headers, list)
+                        try:
+                            parts += taken.parts(parked_batches.unpacked(message.value(), headers))
+                        except ValueError as exc:
+                            letter = letter_of(DeadLetterReason.UNDECODABLE, taken, detail=str(exc))
+                            decided.append((taken, [self._dlq(letter)], None))
+                        continue
                 elif key[0] == fresh and self._parking:  # parked before its decode, if it must
                     destination = destinations.get(key_destination(taken.message.key()))
-                    if self._park(taken, _FRESH, destination, now, decided, plans):
+                    if self._park(taken, _FRESH, destination, now, decided, plans, parking):
                         continue
                 try:
                     record = delivery_from_record(
@@ -201,12 +224,13 @@ class DeliveryHandler:
                     # Pause the partition; resume a little early so the head is then held here
                     # and attempted on time (a resume costs a fetch round trip).
                     loop.defer(taken, not_before - HOLD_SECONDS)
-                    deferred.add(key)
+                    deferred.setdefault(key, taken.offset)
                     continue
-                self._start(taken, record, loop, now, decided)
+                self._start(taken, record, loop, now, decided, parking_plans, parking)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # nothing of this batch is finished: a restart delivers it
             return
+        parking.close()
         if decided:
             self._spawn(self._hand_off_all(decided, loop))
         if held:  # one task for the batch's held records, not a task and a timer each
@@ -219,15 +243,21 @@ class DeliveryHandler:
         loop: ConsumerLoop,
         now: float,
         decided: list[Decided],
+        plans: _Plans | None = None,
+        parking: _Parking | None = None,
     ) -> None:
         """A due record: decided without a request (appended to ``decided``), or a request's
-        task started. Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
+        task started. ``plans``: the batch's plans to park (only those: a record that is not
+        parked may start, and the next one asks again); ``parking``: the batch's parked records
+        (see ``_park``). Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
         try:
             if self._deleted and suppressed_by(record, self._deleted) is not None:
                 decided.append(self._suppressed(taken, record, now))
                 return
             destination = self._follower.table.destinations.get(record.destination_id)
-            if self._parking and self._park(taken, record, destination, now, decided):
+            if self._parking and self._park(
+                taken, record, destination, now, decided, plans, parking, keep_none=False
+            ):
                 return
             before = before_attempt(
                 record,
@@ -260,14 +290,17 @@ class DeliveryHandler:
                 await asyncio.sleep(wait)
             now = time.time()
             decided: list[Decided] = []
+            plans: _Plans = {}
+            parking = _Parking()
             try:
                 while index < len(held) and held[index][0] <= now:
                     _, taken, record = held[index]
                     index += 1
-                    self._start(taken, record, loop, now, decided)
+                    self._start(taken, record, loop, now, decided, plans, parking)
             except SchemaRegistryUnavailable as exc:
                 self._give_up(exc)  # what is not finished is delivered after a restart
                 return
+            parking.close()
             if decided:
                 self._spawn(self._hand_off_all(decided, loop))
 
@@ -405,18 +438,30 @@ class DeliveryHandler:
         now: float,
         decided: list[Decided],
         plans: _Plans | None = None,
+        parking: _Parking | None = None,
+        *,
+        keep_none: bool = True,
     ) -> bool:
-        """Park ``taken`` as it is (a decoded record, or a parked one come due, still undecoded)
-        if its destination cannot take it now; ``window``: the record, or its park header, whose
-        first attempt and deadline bound the wait (its final attempt is not parked). ``plans``:
-        the batch's plans so far, by destination and window (records parked together come due
-        together, with one window: a hanging destination's backlog, 5.7 → 0.7 µs a record)."""
+        """Park ``taken`` as it is (a decoded record, or a parked one come due, still undecoded,
+        perhaps a batch) if its destination cannot take it now; ``window``: the record, or its
+        park header, whose first attempt and deadline bound the wait (its final attempt is not
+        parked). ``plans``: the batch's plans so far, by destination and window (records parked
+        together come due together, with one window: a hanging destination's backlog, 5.7 →
+        0.7 µs a record), and whether ``plans`` keeps an answer not to park (see
+        ``_park_plan``); ``parking``: the batch's parked records, which go out as one record per
+        plan and partition (``_Parking``)."""
         first, deadline = window.first_attempt_at, window.deadline
-        plan = self._park_plan(destination, first, deadline, now, plans=plans)
+        plan = self._park_plan(destination, first, deadline, now, plans=plans, keep_none=keep_none)
         if plan is None:
             return False
         message = taken.message
-        decided.append((taken, [plan.parked_record(message.key(), message.value())], None))
+        parts = window.parts if isinstance(window, _ParkHeader) else 0
+        out: list[Outgoing | Headed]
+        if parking is None:
+            out = [plan.parked_record(message.key(), message.value(), parts)]
+        else:
+            out = parking.add(plan, taken.key, message.key(), message.value(), parts)
+        decided.append((taken, out, None))
         return True
 
     def parked_at_routing(
@@ -432,25 +477,19 @@ class DeliveryHandler:
         3, a hang's first seconds: 0.69 → 0.81 of the healthy destination alone, for silence).
         A destination at its in-flight limit or over its rate is decided on arrival, where the
         records ahead of it have been counted: the router runs ahead of delivery."""
-        return self.routing_parker()(key, value, delivery)
+        parker = self.routing_parker()
+        if not parker(key, value, delivery):
+            return None
+        (record,) = parker.records()
+        return record
 
-    def routing_parker(self) -> Callable[[bytes | None, bytes, Delivery], Headed | None]:
+    def routing_parker(self) -> RoutingParker:
         """``parked_at_routing`` for the records of one batch, which the router routes without
         yielding: nothing the decision depends on changes meanwhile (bar the clock, by
         milliseconds), so each destination's is made for its first record and kept for the
-        rest. A hanging destination's fresh record: 6.1 → 0.6 µs (in a micro-benchmark)."""
-        if not self._parking:
-            return _not_parked
-        now = time.time()
-        destinations = self._follower.table.destinations
-        plans: _Plans = {}
-
-        def parker(key: bytes | None, value: bytes, delivery: Delivery) -> Headed | None:
-            destination = destinations.get(delivery.destination_id)
-            plan = self._park_plan(destination, None, None, now, _AT_ROUTING, plans)
-            return None if plan is None else plan.parked_record(key, value)
-
-        return parker
+        rest (a hanging destination's fresh record: 6.1 → 0.6 µs, in a micro-benchmark), and
+        the records it parks go out as one (``RoutingParker.records``)."""
+        return RoutingParker(self if self._parking else None, time.time())
 
     def _park_plan(
         self,
@@ -460,18 +499,21 @@ class DeliveryHandler:
         now: float,
         reasons: frozenset[str] | None = None,
         plans: _Plans | None = None,
+        *,
+        keep_none: bool = True,
     ) -> _ParkPlan | None:
         """Where a record of ``destination`` (its retry window starting at ``first_attempt_at``,
         ending at ``deadline``; ``None``: a fresh record) waits if the destination cannot take it
         now (for one of ``reasons``, when given), and the count of such records; ``None`` when
         it can, or when its final attempt is due. ``plans``: the batch's plans so far, by
-        destination and window, which the plan made here joins if it holds for the others."""
+        destination and window, which the plan made here joins if it holds for the others (and
+        an answer not to park, with ``keep_none``: for records that start no request)."""
         if plans is not None:
             key = (None if destination is None else destination.id, first_attempt_at, deadline)
             if key in plans:
                 return plans[key]
             made = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
-            if made is None or made.shared:
+            if (made is None and keep_none) or (made is not None and made.shared):
                 plans[key] = made
             return made
         why = self._park_reason(destination)
@@ -689,13 +731,16 @@ _FRESH = _Window(None, None)
 
 
 class _ParkHeader(NamedTuple):
-    """``PARK_HEADER``'s value: ``tier not_before first_attempt_at deadline destination``."""
+    """``PARK_HEADER``'s value: ``tier not_before first_attempt_at deadline destination``; and
+    ``parts``: how many records the parked record carries (``parked_batches.PARTS_HEADER``), 0
+    for a record alone."""
 
     tier: int
     not_before: int
     first_attempt_at: int
     deadline: int
     destination: str
+    parts: int = 0
 
     def encoded(self) -> bytes:
         return (
@@ -723,20 +768,116 @@ class _ParkPlan(NamedTuple):
     parked: Any
     shared: bool
 
-    def parked_record(self, key: bytes | None, value: bytes | None) -> Headed:
-        """The record (``key``, ``value``) parked by this plan, counted: the same bytes, the
-        plan in a header."""
-        self.parked.inc()
-        return (self.topic, key, value, self.headers)
+    def parked_record(self, key: bytes | None, value: bytes | None, parts: int = 0) -> Headed:
+        """The record (``key``, ``value``; a batch of ``parts`` records, if any) parked by this
+        plan, counted: the same bytes, the plan in a header."""
+        self.parked.inc(parts or 1)
+        return (self.topic, key, value, self._headers_of(parts) if parts else self.headers)
+
+    def batch(self, items: Sequence[tuple[bytes | None, bytes | None, int]]) -> Headed:
+        """One record carrying ``items`` (key, value, parts: 0 for a record alone), counted."""
+        if len(items) == 1:
+            return self.parked_record(*items[0])
+        parts = sum(count or 1 for _, _, count in items)
+        self.parked.inc(parts)
+        value = parked_batches.packed(items)
+        return (self.topic, items[0][0], value, self._headers_of(parts))
+
+    def _headers_of(self, parts: int) -> list[tuple[str, str | bytes | None]]:
+        return [*self.headers, (parked_batches.PARTS_HEADER, b"%d" % parts)]
 
 
 #: A batch's park plans so far, by destination and retry window (``DeliveryHandler._park_plan``).
 _Plans = dict[tuple[str | None, int | None, int | None], _ParkPlan | None]
 
 
-def _not_parked(key: bytes | None, value: bytes, delivery: Delivery) -> None:
-    """The routing parker with parking off."""
-    return None
+class _Group(NamedTuple):
+    """Records parked by one plan from one partition: ``out`` gets the record carrying them."""
+
+    plan: _ParkPlan
+    out: list[Outgoing | Headed]
+    items: list[tuple[bytes | None, bytes | None, int]]
+    size: list[int]
+
+
+class _Parking:
+    """The records one batch parks. Those of a shared plan (one destination and window) from one
+    partition go out as one Kafka record carrying them all (``parked_batches``), up to
+    ``parked_batches.MAX_BYTES``: the first one's hand-off produces it (``close``), the others'
+    produce nothing, and all are finished when the batch's records are acknowledged. A record
+    parked by a plan of its own (the probe's carrier) goes alone."""
+
+    __slots__ = ("_groups", "_all")
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, object], _Group] = {}
+        self._all: list[_Group] = []
+
+    def add(
+        self,
+        plan: _ParkPlan,
+        source: object,
+        key: bytes | None,
+        value: bytes | None,
+        parts: int = 0,
+    ) -> list[Outgoing | Headed]:
+        """Park (``key``, ``value``: a batch of ``parts``, if any) by ``plan``; what its hand-off
+        produces (a list ``close`` fills in for the first record of a group)."""
+        if not plan.shared:
+            return [plan.parked_record(key, value, parts)]
+        size = parked_batches.entry_size(key, value)
+        group = self._groups.get((id(plan), source))
+        if group is None or group.size[0] + size > parked_batches.MAX_BYTES:
+            group = _Group(plan, [], [], [0])
+            self._groups[(id(plan), source)] = group
+            self._all.append(group)
+            out = group.out
+        else:
+            out = []
+        group.items.append((key, value, parts))
+        group.size[0] += size
+        return out
+
+    def close(self) -> None:
+        """Each group's record, into its first record's hand-off."""
+        for group in self._all:
+            group.out.append(group.plan.batch(group.items))
+        self._all.clear()
+        self._groups.clear()
+
+
+class RoutingParker:
+    """Asked by the router of each fresh delivery record of one batch: is it parked? (Then it
+    is kept here, and goes out with the others in ``records``: one record per destination and
+    window.) ``handler`` ``None``: parking is off, nothing is parked."""
+
+    __slots__ = ("_handler", "_now", "_destinations", "_plans", "_parking", "_outs", "parked")
+
+    def __init__(self, handler: DeliveryHandler | None, now: float) -> None:
+        self._handler = handler
+        self._now = now
+        self._destinations = {} if handler is None else handler._follower.table.destinations
+        self._plans: _Plans = {}
+        self._parking = _Parking()
+        self._outs: list[list[Outgoing | Headed]] = []
+        self.parked = 0
+
+    def __call__(self, key: bytes | None, value: bytes, delivery: Delivery) -> bool:
+        handler = self._handler
+        if handler is None:
+            return False
+        destination = self._destinations.get(delivery.destination_id)
+        plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING, self._plans)
+        if plan is None:
+            return False
+        self._outs.append(self._parking.add(plan, None, key, value))
+        self.parked += 1
+        return True
+
+    def records(self) -> list[Headed]:
+        """The parked records, batched (once, when the batch is routed)."""
+        self._parking.close()
+        return [record for out in self._outs for record in out]  # type: ignore[misc]
 
 
 def _asked_already(destination: Destination) -> None:
@@ -754,17 +895,23 @@ def _parked(taken: Taken) -> _ParkHeader | None:
     headers = taken.message.headers()  # a list of (name, bytes) on consumed records
     if not headers:
         return None
+    found = None
+    parts = 0
     for header in headers:
         name, value = header[0], header[1]
         if name == PARK_HEADER and isinstance(value, bytes):
             try:
                 tier, not_before, first, deadline, destination = value.split(b" ", 4)
-                return _ParkHeader(
+                found = _ParkHeader(
                     int(tier), int(not_before), int(first), int(deadline), destination.decode()
                 )
             except ValueError:
                 return None  # not ours: the value decides
-    return None
+        elif name == parked_batches.PARTS_HEADER and isinstance(value, bytes) and value.isdigit():
+            parts = int(value)
+    if found is not None and parts:
+        return found._replace(parts=parts)
+    return found
 
 
 class _DestinationMetrics:

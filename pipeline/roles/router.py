@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.log_entries import call_log_record
@@ -57,8 +58,18 @@ __all__ = ["RouterHandler"]
 log = logging.getLogger("pipeline.router")
 
 TP = tuple[str, int]
-#: Asked of each delivery record (key, value, delivery): the record parked instead, or ``None``.
-Parking = Callable[[bytes | None, bytes, Delivery], Headed | None]
+
+
+class Parking(Protocol):
+    """Asked of each delivery record of one batch (key, value, delivery): is it parked? The
+    records it parked (in retry tiers, with their park header; several carried by one) are
+    ``records()``, asked once the batch is routed; ``parked`` counts them."""
+
+    parked: int
+
+    def __call__(self, key: bytes | None, value: bytes, delivery: Delivery) -> bool: ...
+
+    def records(self) -> list[Headed]: ...
 
 
 def _values(codec: RecordCodec, deliveries: Sequence[tuple[bytes, Delivery]]) -> list[bytes]:
@@ -117,8 +128,8 @@ class RouterHandler:
         ``log``: each call's fate goes to the delivery log with its delivery records (in the
         same transaction); ``log_bodies``: with the call's JSON. ``parking``: makes, for each
         batch, the ``Parking`` asked of its delivery records (their key, value and delivery);
-        what it returns (the record in a retry tier with its park header) is produced instead
-        (the worker's delivery handler, when this process delivers too:
+        what it parks goes out in its ``records()`` (in retry tiers, with their park header),
+        not to ``deliveries`` (the worker's delivery handler, when this process delivers too:
         ``DeliveryHandler.routing_parker``)."""
         self._topics = topics
         self._follower = follower
@@ -153,10 +164,11 @@ class RouterHandler:
         if self.transactional:
             await self._handle_in_transactions(batch, loop)
             return
-        out = self._route(batch)
-        if out is None:
+        routed = self._route(batch)
+        if routed is None:
             return
-        metrics.DELIVERIES_ROUTED.inc(self._deliveries_in(out))
+        out, deliveries = routed
+        metrics.DELIVERIES_ROUTED.inc(deliveries)
         await self._producer.send_all_until_acked(out, self._stop)
         for taken in batch:
             loop.finish(taken)
@@ -165,18 +177,23 @@ class RouterHandler:
         parts: dict[TP, list[Taken]] = {}
         for taken in batch:
             parts.setdefault(taken.key, []).append(taken)
-        routed: list[tuple[TP, list[Taken], list[Outgoing | Headed]]] = []
+        routed: list[tuple[TP, list[Taken], list[Outgoing | Headed], int]] = []
         for key, part in parts.items():
-            out = self._route(part)
-            if out is None:
+            made = self._route(part)
+            if made is None:
                 return  # the worker stops; nothing of this batch is committed
-            routed.append((key, part, out))
+            routed.append((key, part, *made))
         await asyncio.gather(
-            *(self._commit_part(key, part, out, loop) for key, part, out in routed)
+            *(self._commit_part(key, part, out, n, loop) for key, part, out, n in routed)
         )
 
     async def _commit_part(
-        self, key: TP, part: list[Taken], out: list[Outgoing | Headed], loop: ConsumerLoop
+        self,
+        key: TP,
+        part: list[Taken],
+        out: list[Outgoing | Headed],
+        deliveries: int,
+        loop: ConsumerLoop,
     ) -> None:
         """Commit one input partition's part of a batch; retried until it commits, the worker
         stops (the part is then routed again after a restart), or the partition is fenced."""
@@ -222,7 +239,7 @@ class RouterHandler:
                 log.warning("router: %s; trying again in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        metrics.DELIVERIES_ROUTED.inc(self._deliveries_in(out))
+        metrics.DELIVERIES_ROUTED.inc(deliveries)
         for taken in part:
             loop.finish(taken)
 
@@ -268,8 +285,9 @@ class RouterHandler:
     def _decode(self, data: bytes | None) -> Call:
         return call_from_record(self._codec.decode("Call", data))
 
-    def _route(self, batch: list[Taken]) -> list[Outgoing | Headed] | None:
-        """The records to produce for ``batch``; ``None`` when the worker must stop."""
+    def _route(self, batch: list[Taken]) -> tuple[list[Outgoing | Headed], int] | None:
+        """The records to produce for ``batch`` and how many delivery records they carry;
+        ``None`` when the worker must stop."""
         table = self._follower.table
         codec = self._codec
         decode = self._decode
@@ -277,6 +295,7 @@ class RouterHandler:
         log_topic = self._topics.log if self._log else None
         parking = None if self._parking is None else self._parking()
         out: list[Outgoing | Headed] = []
+        delivered = 0
         logged: list[LogRecordValue | RoutedArgs] = []
         # Counted per batch, not per call (a lock each), before anything is produced.
         routed: dict[CallType, int] = {}
@@ -309,24 +328,23 @@ class RouterHandler:
                 for (key, delivery), value in zip(
                     deliveries, _values(codec, deliveries), strict=True
                 ):
-                    parked = None if parking is None else parking(key, value, delivery)
-                    out.append((deliveries_topic, key, value) if parked is None else parked)
+                    if parking is None or not parking(key, value, delivery):
+                        out.append((deliveries_topic, key, value))
+                        delivered += 1
         finally:
             for call_type, count in routed.items():
                 self._routed[call_type].inc(count)
             for reason, count in dropped.items():
                 self._dropped[reason].inc(count)
+        if parking is not None:
+            out += parking.records()  # the parked ones of a destination together, in one
+            delivered += parking.parked
         if logged and log_topic is not None:
             # One Kafka record for the batch's log, keyed by its input partition: a part's
             # transaction then spans one partition of the log.
             key = str(batch[0].key[1]).encode()
             out += log_batch_records(codec, log_topic, written(logged, routed_log_body), key)
-        return out
-
-    def _deliveries_in(self, out: list[Outgoing | Headed]) -> int:
-        """Delivery records among ``out``: to ``deliveries``, or parked (with a header)."""
-        topic = self._topics.deliveries
-        return sum(1 for record in out if record[0] == topic or len(record) == 4)
+        return out, delivered
 
     def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue | RoutedArgs:
         """The delivery log's record of the call ``decision`` is about (or, the common case, its

@@ -12,6 +12,7 @@ import orjson
 
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
+from pipeline.kafka.parked_batches import PARTS_HEADER, unpacked
 from pipeline.kafka.topic_reader import read_topic
 from pipeline.runtime.net import free_port
 from tests.support import apply, send_calls, simple_config, stays, try_scrape, wait_for
@@ -174,9 +175,16 @@ def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
         """(message id, destination, has a park header) of ``topic``'s records."""
         found = []
         for message in read_topic(settings, topic, idle_timeout=2):
-            record = Codec.default().decode("Delivery", message.value())
             headers = dict(message.headers() or [])
-            found.append((record["messageId"], record["destinationId"], "pipeline-park" in headers))
+            carried = (  # a parked batch: the records parked together, in one
+                [part.value() for part in unpacked(message.value(), message.headers() or [])]
+                if PARTS_HEADER in headers
+                else [message.value()]
+            )
+            for value in carried:
+                record = Codec.default().decode("Delivery", value)
+                parked = "pipeline-park" in headers
+                found.append((record["messageId"], record["destinationId"], parked))
         return found
 
     main = [(m, d) for m, d, _ in records(topics.deliveries) if m.startswith("after-")]

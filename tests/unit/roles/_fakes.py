@@ -69,7 +69,9 @@ class FakeLoop:
     lost: set[tuple[str, int]] = field(default_factory=set)
 
     def finish(self, record: Taken) -> None:
-        self.finished.append(record)
+        whole = record.finished()  # a part of a parked batch: the batch, with its last part
+        if whole is not None:
+            self.finished.append(whole)
 
     def owns(self, record: Taken) -> bool:
         return record.key not in self.lost

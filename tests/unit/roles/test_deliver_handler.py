@@ -16,6 +16,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
+from pipeline.kafka.parked_batches import MAX_BYTES, PARTS_HEADER, packed, unpacked
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, PROBE_HEARD_AFTER, DeliveryHandler
 from pipeline.runtime import metrics
@@ -322,9 +323,20 @@ def park_header(taken_record: Any) -> tuple[str, ...] | None:
     topic, key, value, *headers = taken_record
     if not headers:
         return None
-    ((name, header),) = headers[0]
-    assert name == PARK_HEADER
-    return tuple(header.decode().split(" "))
+    found = dict(headers[0])
+    assert set(found) <= {PARK_HEADER, PARTS_HEADER}
+    return tuple(found[PARK_HEADER].decode().split(" "))
+
+
+def parts_of(parked: Any) -> list[tuple[bytes | None, bytes]]:
+    """The records a parked record carries: itself, or a parked batch's records (as many as its
+    header says)."""
+    headers = dict(parked[3])
+    if PARTS_HEADER not in headers:
+        return [(parked[1], parked[2])]
+    parts = [(m.key(), m.value()) for m in unpacked(parked[2], parked[3])]
+    assert len(parts) == int(headers[PARTS_HEADER]) > 1
+    return parts
 
 
 def test_every_circuit_open_parks_the_record_as_it_is() -> None:
@@ -382,14 +394,16 @@ def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
     count = parked._value.get()
     parker = handler.routing_parker()
     value, gone = encoded(delivery()), encoded(delivery("gone"))
-    carrier = parker(b"k1", value, delivery())  # comes back for the probe: its own plan
-    second, third = parker(b"k2", value, delivery()), parker(b"k3", value, delivery())
-    assert carrier is not None and second is not None and third is not None
-    assert (second[1], third[1]) == (b"k2", b"k3") and second[3] == third[3]  # one plan
-    assert parker(b"k4", gone, delivery("gone")) is None  # not configured: dead-lettered later
+    assert parker(b"k1", value, delivery())  # comes back for the probe: its own plan
+    assert parker(b"k2", value, delivery()) and parker(b"k3", value, delivery())
+    assert not parker(b"k4", gone, delivery("gone"))  # not configured: dead-lettered later
     assert Counting.asked == 2  # the carrier's, then the plan the others share
-    assert parked._value.get() == count + 3  # each record counted
-    assert handler.routing_parker()(b"k5", value, delivery()) is not None
+    carrier, shared = parker.records()  # the others in one record: one plan
+    assert parts_of(carrier) == [(b"k1", value)] and shared[1] == b"k2"
+    assert parts_of(shared) == [(b"k2", value), (b"k3", value)]
+    assert park_header(carrier) != park_header(shared)
+    assert parked._value.get() == count + 3 and parker.parked == 3  # each record counted
+    assert handler.routing_parker()(b"k5", value, delivery())
     assert Counting.asked == 3  # the next batch asks again
 
 
@@ -500,13 +514,18 @@ def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_windo
         batch.append(taken(TOPICS.retry[1], value, offset=offset, headers=headers))
     _, loop, producer, batch = run([], Counting(lambda d: [OK]), batch=batch)
     assert Counting.asked == 3  # the probe's carrier, the plan of its window, the other window
-    windows = [tuple((park_header(record) or ())[2:4]) for record in producer.sent]
-    assert windows == [
-        (str(first), str(first + 1_000_000)),
-        (str(first), str(first + 1_000_000)),
-        (str(first), str(first + 1_000_000)),
-        (str(first - 60_000), str(first - 60_000 + 1_000_000)),
+    # The carrier alone, the two sharing its window's plan in one record, the other window's.
+    windows = [
+        (*(park_header(record) or ())[2:4], len(parts_of(record))) for record in producer.sent
     ]
+    assert windows == [
+        (str(first), str(first + 1_000_000), 1),
+        (str(first), str(first + 1_000_000), 2),
+        (str(first - 60_000), str(first - 60_000 + 1_000_000), 1),
+    ]
+    assert [value for record in producer.sent for _, value in parts_of(record)] == [
+        b"not decoded"
+    ] * 4
     assert loop.finished == batch
 
 
@@ -521,16 +540,20 @@ def test_one_parked_record_comes_back_for_the_probe_the_others_after_its_answer(
     handler = handler_for(FakeProducer(), sender)
     value = encoded(delivery())
 
-    def waits(count: int) -> list[float]:
+    def waits(count: int) -> list[tuple[float, int]]:
+        """(wait, records carried) of each record parked for ``count`` fresh records."""
         parker, now = handler.routing_parker(), time.time()
-        parked = [parker(b"k", value, delivery()) for _ in range(count)]
-        return [round(int((park_header(r) or ())[1]) / 1000 - now, 1) for r in parked if r]
+        assert all(parker(b"k", value, delivery()) for _ in range(count))
+        return [
+            (round(int((park_header(r) or ())[1]) / 1000 - now, 1), len(parts_of(r)))
+            for r in parker.records()
+        ]
 
     answered = Settings().delivery_timeout + PROBE_HEARD_AFTER
-    assert waits(3) == [30.0, 30.0 + answered, 30.0 + answered]
-    assert waits(2) == [30.0 + answered] * 2  # a later batch: the reopening has its carrier
+    assert waits(3) == [(30.0, 1), (30.0 + answered, 2)]
+    assert waits(2) == [(30.0 + answered, 2)]  # a later batch: the reopening has its carrier
     sender.wait = 10.0  # the probe failed: the circuit opened again, reopening sooner
-    assert waits(2) == [10.0, 10.0 + answered]
+    assert waits(2) == [(10.0, 1), (10.0 + answered, 1)]
 
 
 def test_a_parked_record_whose_circuit_closed_is_attempted_as_parked() -> None:
@@ -542,6 +565,94 @@ def test_a_parked_record_whose_circuit_closed_is_attempted_as_parked() -> None:
     # The header's tier and deadline clock held: its next tier follows tier 1.
     assert topic == TOPICS.retry[1] and record["tier"] == 1
     assert record["firstAttemptAt"] is not None and record["deadline"] is not None
+
+
+def parked_batch(values: list[bytes], not_before: float, **changes: Any) -> Any:
+    """A parked record carrying ``values``, keyed ``hooks/u0``, ``hooks/u1``, ..."""
+    headers, _ = parked_taken(None, not_before, **changes)
+    headers.append((PARTS_HEADER, str(len(values)).encode()))
+    value = packed([(b"hooks/u%d" % n, record, 0) for n, record in enumerate(values)])
+    return taken(TOPICS.retry[1], value, key=b"hooks/u0", offset=3, headers=headers)
+
+
+def test_a_parked_batch_still_refused_is_parked_again_whole_without_a_decode() -> None:
+    counted = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
+    before = counted._value.get()
+    batch = [parked_batch([b"not decoded"] * 3, time.time() - 1)]
+    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    [again] = producer.sent
+    assert again[2] == batch[0].message.value()  # the same bytes: one record, one produce
+    assert parts_of(again) == [(b"hooks/u%d" % n, b"not decoded") for n in range(3)]
+    assert counted._value.get() == before + 3  # each record it carries counted
+    assert loop.finished == batch
+
+
+def test_a_parked_batch_whose_circuit_closed_goes_on_record_by_record() -> None:
+    """Each record it carries is attempted as a parked record (the header's tier and clock);
+    the batch is finished once, when the last of them is."""
+    sender = FakeSender(lambda d: [E503])
+    values = [encoded(delivery(message_id=f"m{n}")) for n in range(3)]
+    _, loop, producer, batch = run([], sender, batch=[parked_batch(values, time.time() - 1)])
+    assert sorted(message_id for _, _, message_id, _, _ in sender.attempts) == ["m0", "m1", "m2"]
+    assert loop.finished == batch
+    retried = sorted((key or b"", r["messageId"], r["tier"]) for _, key, r in sent(producer))
+    assert retried == [(b"hooks/u0", "m0", 1), (b"hooks/u1", "m1", 1), (b"hooks/u2", "m2", 1)]
+
+
+def test_a_parked_batch_due_within_the_hold_waits_undecoded_in_its_paused_partition() -> None:
+    """Not held in memory decoded (a record due within ``HOLD_SECONDS`` is): it comes back when
+    due, to be parked again whole if its destination still cannot take it."""
+    due = time.time() + HOLD_SECONDS / 2
+    _, loop, producer, batch = run(
+        [], CIRCUITS_OPEN, batch=[parked_batch([b"not decoded"] * 2, due)]
+    )
+    assert producer.sent == [] and loop.finished == []
+    assert [(record.offset, until) for record, until in loop.deferred] == [
+        (3, int(due * 1000) / 1000)
+    ]
+
+
+def test_a_batch_opened_before_its_partition_is_deferred_still_goes_on() -> None:
+    """Its records are read after the rest of the consumed batch; a record behind it that
+    pauses the partition does not hold them back (they come before it)."""
+    sender = FakeSender(lambda d: [OK])
+    values = [encoded(delivery(message_id=f"m{n}")) for n in range(2)]
+    opened = parked_batch(values, time.time() - 1)
+    headers, value = parked_taken(b"later", time.time() + 20)
+    later = taken(TOPICS.retry[1], value, key=b"hooks/u9", offset=4, headers=headers)
+    _, loop, producer, batch = run([], sender, batch=[opened, later])
+    assert sorted(message_id for _, _, message_id, _, _ in sender.attempts) == ["m0", "m1"]
+    assert loop.finished == [opened] and [r.offset for r, _ in loop.deferred] == [4]
+
+
+def test_a_parked_batch_that_does_not_read_back_is_dead_lettered_whole() -> None:
+    record = parked_batch([b"xyz"], time.time() - 1)
+    record.message._value = record.message._value[:-2]  # cut short
+    _, loop, producer, batch = run([], FakeSender(lambda d: [OK]), batch=[record])
+    [(topic, _, letter)] = sent(producer)
+    assert topic == TOPICS.dlq and letter["reason"] == "undecodable"
+    assert "past the batch's end" in letter["detail"]
+    assert loop.finished == batch
+
+
+def test_records_parked_together_past_the_size_of_a_batch_go_in_several() -> None:
+    big = b"x" * (MAX_BYTES // 2 - 100)
+    parker = handler_for(FakeProducer(), Silent(lambda d: [OK])).routing_parker()
+    assert all(parker(b"hooks/u%d" % n, big, delivery()) for n in range(5))
+    records = parker.records()
+    assert [len(parts_of(record)) for record in records] == [2, 2, 1]
+    assert all(len(record[2]) <= MAX_BYTES for record in records)
+
+
+def test_a_part_finishes_its_batch_only_when_it_is_the_last() -> None:
+    whole = taken(TOPICS.retry[0], b"batch", offset=7)
+    parts = whole.parts(unpacked(packed([(b"a", b"1", 0), (b"b", b"2", 0)]), []))
+    assert [(p.message.key(), p.offset, p.key) for p in parts] == [
+        (b"a", 7, whole.key),
+        (b"b", 7, whole.key),
+    ]
+    assert parts[1].finished() is None and parts[0].finished() is whole
+    assert whole.finished() is whole
 
 
 def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
@@ -575,8 +686,9 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
     batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
     _, loop, producer, _ = run([], sender, table=table, batch=batch)
     assert [m for _, _, m, _, _ in sender.attempts] == ["m0"]
-    parked = [record for record in producer.sent if record[0] not in BESIDE]
-    assert [park_header(record)[0] for record in parked] == ["0", "0"]  # type: ignore[index]
+    [parked] = [record for record in producer.sent if record[0] not in BESIDE]  # one plan
+    assert (park_header(parked) or ())[0] == "0"
+    assert parts_of(parked) == [(b"hooks/u1", values[1]), (b"hooks/u1", values[2])]
     assert sorted(t.offset for t in loop.finished) == [0, 1, 2]
 
 

@@ -300,17 +300,29 @@ def test_assigned_partitions_take_their_transactional_ids_before_any_record() ->
     asyncio.run(go())
 
 
-def parks_b(key: bytes | None, value: bytes, delivery: Any) -> Any:
-    """A deliverer whose ``hooks-b`` endpoints are down."""
-    if delivery.destination_id != "hooks-b":
-        return None
-    return (TOPICS.retry[0], key, value, [("pipeline-park", b"0 1 2 3 hooks-b")])
+class ParksB:
+    """A deliverer whose ``hooks-b`` endpoints are down: their records are parked one by one
+    (the deliverer's own parker carries a batch's in one record: ``test_deliver_handler``)."""
+
+    def __init__(self) -> None:
+        self.parked = 0
+        self.kept: list[Any] = []
+
+    def __call__(self, key: bytes | None, value: bytes, delivery: Any) -> bool:
+        if delivery.destination_id != "hooks-b":
+            return False
+        self.parked += 1
+        self.kept.append((TOPICS.retry[0], key, value, [("pipeline-park", b"0 1 2 3 hooks-b")]))
+        return True
+
+    def records(self) -> list[Any]:
+        return self.kept
 
 
 def test_records_the_parking_takes_are_produced_parked_instead() -> None:
     track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
     routed = metrics.DELIVERIES_ROUTED._value.get()
-    _, loop, producer, batch = run([call_value(track)], parking=lambda: parks_b)
+    _, loop, producer, batch = run([call_value(track)], parking=ParksB)
     by_topic = {record[0]: record for record in producer.sent}
     assert set(by_topic) == {TOPICS.deliveries, TOPICS.retry[0]}
     delivered, parked = by_topic[TOPICS.deliveries], by_topic[TOPICS.retry[0]]
@@ -322,7 +334,7 @@ def test_records_the_parking_takes_are_produced_parked_instead() -> None:
 
 
 def test_a_parked_record_goes_in_the_partitions_transaction_with_its_header() -> None:
-    router = Transactional(parking=lambda: parks_b)
+    router = Transactional(parking=ParksB)
     router.run(calls(0, range(3)))
     [(records, next_offset, _)] = router.made[0].commits
     assert next_offset == 3
