@@ -11,7 +11,7 @@ in ``PARTS_HEADER``. Its value is each part's key and value, one after the other
 
 so batches join by concatenation, and a part is read back without decoding anything.
 
-    >>> items = [(b"hooks/u1", b"first", 1), (None, b"second", 1)]
+    >>> items = [(b"hooks/u1", b"first", 0), (None, b"second", 0)]
     >>> [(m.key(), m.value()) for m in unpacked(packed(items), [])]
     [(b'hooks/u1', b'first'), (None, b'second')]
 """
