@@ -838,12 +838,15 @@ class _Parking:
         group.size[0] += size
         return out
 
-    def close(self) -> None:
-        """Each group's record, into its first record's hand-off."""
-        for group in self._all:
-            group.out.append(group.plan.batch(group.items))
+    def close(self) -> list[Headed]:
+        """Each group's record, into its first record's hand-off; returned too (the batched
+        records of a group each)."""
+        made = [group.plan.batch(group.items) for group in self._all]
+        for group, record in zip(self._all, made, strict=True):
+            group.out.append(record)
         self._all.clear()
         self._groups.clear()
+        return made
 
 
 class RoutingParker:
@@ -851,7 +854,7 @@ class RoutingParker:
     is kept here, and goes out with the others in ``records``: one record per destination and
     window.) ``handler`` ``None``: parking is off, nothing is parked."""
 
-    __slots__ = ("_handler", "_now", "_destinations", "_plans", "_parking", "_outs", "parked")
+    __slots__ = ("_handler", "_now", "_destinations", "_plans", "_parking", "_alone", "parked")
 
     def __init__(self, handler: DeliveryHandler | None, now: float) -> None:
         self._handler = handler
@@ -859,7 +862,7 @@ class RoutingParker:
         self._destinations = {} if handler is None else handler._follower.table.destinations
         self._plans: _Plans = {}
         self._parking = _Parking()
-        self._outs: list[list[Outgoing | Headed]] = []
+        self._alone: list[Headed] = []  # the probe's carriers
         self.parked = 0
 
     def __call__(self, key: bytes | None, value: bytes, delivery: Delivery) -> bool:
@@ -870,14 +873,16 @@ class RoutingParker:
         plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING, self._plans)
         if plan is None:
             return False
-        self._outs.append(self._parking.add(plan, None, key, value))
+        if plan.shared:
+            self._parking.add(plan, None, key, value)  # its record comes from ``close``
+        else:
+            self._alone.append(plan.parked_record(key, value))
         self.parked += 1
         return True
 
     def records(self) -> list[Headed]:
         """The parked records, batched (once, when the batch is routed)."""
-        self._parking.close()
-        return [record for out in self._outs for record in out]  # type: ignore[misc]
+        return [*self._alone, *self._parking.close()]
 
 
 def _asked_already(destination: Destination) -> None:
