@@ -791,13 +791,17 @@ class _ParkPlan(NamedTuple):
 _Plans = dict[tuple[str | None, int | None, int | None], _ParkPlan | None]
 
 
-class _Group(NamedTuple):
-    """Records parked by one plan from one partition: ``out`` gets the record carrying them."""
+class _Group:
+    """Records parked by one plan from one partition (``size``: their bytes in a batch);
+    ``out`` gets the record carrying them."""
 
-    plan: _ParkPlan
-    out: list[Outgoing | Headed]
-    items: list[tuple[bytes | None, bytes | None, int]]
-    size: list[int]
+    __slots__ = ("plan", "out", "items", "size")
+
+    def __init__(self, plan: _ParkPlan) -> None:
+        self.plan = plan
+        self.out: list[Outgoing | Headed] = []
+        self.items: list[tuple[bytes | None, bytes | None, int]] = []
+        self.size = 0
 
 
 class _Parking:
@@ -827,15 +831,15 @@ class _Parking:
             return [plan.parked_record(key, value, parts)]
         size = parked_batches.entry_size(key, value)
         group = self._groups.get((id(plan), source))
-        if group is None or group.size[0] + size > parked_batches.MAX_BYTES:
-            group = _Group(plan, [], [], [0])
+        if group is None or group.size + size > parked_batches.MAX_BYTES:
+            group = _Group(plan)
             self._groups[(id(plan), source)] = group
             self._all.append(group)
             out = group.out
         else:
             out = []
         group.items.append((key, value, parts))
-        group.size[0] += size
+        group.size += size
         return out
 
     def close(self) -> list[Headed]:
