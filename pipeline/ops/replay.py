@@ -210,9 +210,9 @@ def run_replay(
     run = _Run(settings, plan, dry_run, progress)
     try:
         run.read(stop or threading.Event())
+        run.result.interrupted = not all(p.done for p in run.positions.values())
     except KeyboardInterrupt:
-        pass
-    run.result.interrupted = run.interrupted
+        run.result.interrupted = True
     if not dry_run:
         run.checkpoint(finished=not run.result.interrupted)
     return run.result
@@ -240,14 +240,12 @@ class _Run:
             rate=plan.state.rate, burst=max(1.0, plan.state.rate * _BURST_SHARE)
         )
         self.last_checkpoint = time.monotonic()
-        self.interrupted = True  # until the read reaches the range's end
         if self.producer is not None and not plan.resumed:
             self.checkpoint()  # recorded before the first send: resumable from the start
 
     def read(self, stop: threading.Event) -> None:
         pending = {p: pos.next for p, pos in self.positions.items() if not pos.done}
         if not pending:
-            self.interrupted = False
             return
         plan = self.plan
         earliest = plan.selection.since - TIMESTAMP_SLACK_MS
@@ -290,7 +288,6 @@ class _Run:
                         f"partition within {READ_IDLE_TIMEOUT:.0f} s; run the same command "
                         "again to resume"
                     )
-            self.interrupted = bool(pending)
         finally:
             reader.close()
 
