@@ -414,6 +414,15 @@ class WebhookSender:
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
+    def answered(self, destination: Destination) -> bool:
+        """Has one of ``destination``'s webhooks answered a request (any status) in this
+        process? Until one has, nothing says its receiver is there at all."""
+        for hook in destination.webhooks:
+            target = self._targets.get(hook.url)
+            if target is not None and target.latency is not None:
+                return True
+        return False
+
     def silent(self, destination: Destination) -> bool:
         """Is every webhook of ``destination`` silent: requests out and none back for ten times
         its usual answer time (at most half the delivery timeout)? Its next records should not

@@ -192,3 +192,42 @@ def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
     # parked until the circuit half-opens (60 s): in the tier whose delay is not under that
     wait_for(lambda: {m for m, d, p in records(topics.retry[1]) if d == "bad" and p} >= set(after))
     assert len(bad.requests) < 10  # before the circuit opened, and no more
+
+
+def test_a_new_endpoint_that_never_answers_takes_no_more_records_than_its_hosts_connections(
+    settings, receiver_factory, process_factory
+):
+    """Until one of its webhooks has answered, a destination takes no more of a worker's
+    in-flight records than its host has connections: the rest are parked at once
+    (``unanswered``), not left waiting behind its first requests until it is found silent,
+    while its healthy neighbour's records wait with them."""
+    settings = settings.replace(
+        max_connections_per_host=3,
+        delivery_timeout=5.0,
+        circuit_failures=50,
+        circuit_cool_down=60.0,
+        retry_delays=(1.0, 600.0),
+        retry_deadline=3600.0,
+    )
+    good, mute = receiver_factory(200), receiver_factory("hang")
+    config = simple_config(good.url)
+    config["destinations"].append(
+        {"id": "mute", "sources": ["web"], "webhooks": [{"url": mute.url}]}
+    )
+    apply(settings, config)
+    port = free_port()
+    process_factory(settings, "worker", "--metrics-port", str(port))
+    wait_for(lambda: try_scrape(port), timeout=30)
+    track = {"type": "track", "userId": "u1", "event": "E"}
+    send_calls(settings, [dict(track, messageId=f"m{n}") for n in range(30)], "wk")
+    wait_for(lambda: good.count() == 30, timeout=30)
+
+    def parked(reason: str) -> float:
+        samples = try_scrape(port) or {}
+        return samples.get(("pipeline_parked_total", (("reason", reason),)), 0.0)
+
+    # The first three went out and hang; the others were parked: those the worker had taken in
+    # before it could call the endpoint silent, as unanswered, the rest as silent.
+    wait_for(lambda: parked("unanswered") + parked("silent") >= 27, timeout=10)
+    assert parked("unanswered") >= 1
+    assert mute.count() == 3

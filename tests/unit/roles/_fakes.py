@@ -109,12 +109,17 @@ class FakeSender:
     answer: Callable[[Destination], list[UrlResult]]
     circuits: Callable[[Destination], list[UrlResult] | None] = lambda destination: None
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
+    #: Has one of a destination's webhooks answered yet (``WebhookSender.answered``)?
+    heard: bool = True
 
     async def attempt(
         self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
     ) -> list[UrlResult]:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
+
+    def answered(self, destination: Destination) -> bool:
+        return self.heard
 
     def silent(self, destination: Destination) -> bool:
         return False

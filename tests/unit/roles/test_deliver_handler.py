@@ -356,6 +356,17 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     assert logged(producer) == []  # not an attempt
 
 
+class SlowSender(FakeSender):
+    """Answers every attempt after 50 ms: its records stay in flight meanwhile."""
+
+    async def attempt(
+        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+    ) -> list[UrlResult]:
+        self.attempts.append((destination.id, body, message_id, final, time.time()))
+        await asyncio.sleep(0.05)
+        return self.answer(destination)
+
+
 class Silent(FakeSender):
     """Its endpoints have requests out and answered none lately (the fake's wait: 3 s)."""
 
@@ -662,25 +673,6 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
             Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], max_in_flight=1),  # type: ignore[list-item]
         ],
     )
-    started = asyncio.Event()
-
-    async def slow(d: Destination) -> list[UrlResult]:
-        started.set()
-        await asyncio.sleep(0.05)
-        return [OK]
-
-    class SlowSender(FakeSender):
-        async def attempt(
-            self,
-            destination: Destination,
-            body: bytes,
-            message_id: str = "",
-            *,
-            final: bool = False,
-        ) -> list[UrlResult]:  # type: ignore[override]
-            self.attempts.append((destination.id, body, message_id, final, time.time()))
-            return await slow(destination)
-
     sender = SlowSender(lambda d: [OK])
     values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
     batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
@@ -690,6 +682,33 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
     assert (park_header(parked) or ())[0] == "0"
     assert parts_of(parked) == [(b"hooks/u1", values[1]), (b"hooks/u1", values[2])]
     assert sorted(t.offset for t in loop.finished) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("heard", [False, True])
+def test_until_a_destination_answers_it_takes_as_many_records_as_its_host_has_connections(
+    heard: bool,
+) -> None:
+    # A new endpoint that hangs would otherwise fill every in-flight slot with records waiting
+    # behind its first requests, and its healthy neighbours would wait with them.
+    sender = SlowSender(lambda d: [OK], heard=heard)
+    values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(5)]
+    batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
+    counter = metrics.PARKED.labels(metrics.destination_label("hooks"), "unanswered")
+    count = counter._value.get()
+    before = time.time()
+    settings = Settings(max_connections_per_host=2)
+    _, loop, producer, _ = run([], sender, batch=batch, settings=settings)
+    parked = [record for record in producer.sent if record[0] not in BESIDE]
+    assert sorted(t.offset for t in loop.finished) == [0, 1, 2, 3, 4]
+    if heard:  # it answered before: nothing holds it back
+        assert len(sender.attempts) == 5 and parked == []
+        return
+    assert [m for _, _, m, _, _ in sender.attempts] == ["m0", "m1"]
+    [batched] = parked  # one plan: the first tier, a second from now
+    tier, not_before, *_ = park_header(batched) or ()
+    assert tier == "0" and before + 0.999 <= int(not_before) / 1000 <= time.time() + 1
+    assert parts_of(batched) == [(b"hooks/u1", value) for value in values[2:]]
+    assert counter._value.get() == count + 3
 
 
 def test_the_final_attempt_is_not_parked() -> None:
