@@ -199,8 +199,8 @@ def test_a_new_endpoint_that_never_answers_takes_no_more_records_than_its_hosts_
 ):
     """Until one of its webhooks has answered, a destination takes no more of a worker's
     in-flight records than its host has connections: the rest are parked at once
-    (``unanswered``), not left waiting behind its first requests until it is found silent,
-    while its healthy neighbour's records wait with them."""
+    (``unanswered``). They used to wait behind its first requests until it was found silent,
+    and its healthy neighbour's records waited with them."""
     settings = settings.replace(
         max_connections_per_host=3,
         delivery_timeout=5.0,
