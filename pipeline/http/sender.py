@@ -260,6 +260,10 @@ class _AwakeClock:
 
 #: The least time without an answer that makes an endpoint silent, and the time before its first.
 QUIET_MIN = 0.25
+#: How long requests out without a first answer make an endpoint unproven (``unproven``): a
+#: receiver that is there answers its first requests within milliseconds, where a worker takes
+#: in its first batches.
+UNPROVEN_AFTER = 0.05
 #: After a silent endpoint's requests time out, the time their failures take to reach its circuit
 #: (the timeouts of requests started together end within milliseconds of each other).
 _HEARD_AFTER = 0.5
@@ -414,14 +418,22 @@ class WebhookSender:
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
-    def answered(self, destination: Destination) -> bool:
-        """Has one of ``destination``'s webhooks answered a request (any status) in this
-        process? Until one has, nothing says its receiver is there at all."""
+    def unproven(self, destination: Destination) -> bool:
+        """Has one of ``destination``'s webhooks had requests out for ``UNPROVEN_AFTER`` while
+        none of them has answered a request (any status) in this process yet? Nothing then says
+        its receiver is there at all: its next records should not wait behind those requests
+        for the ``QUIET_MIN`` that makes it silent (``DeliveryHandler._park_reason``)."""
+        now = self._awake()
+        waited = False
         for hook in destination.webhooks:
             target = self._targets.get(hook.url)
-            if target is not None and target.latency is not None:
-                return True
-        return False
+            if target is None:
+                continue
+            if target.latency is not None:
+                return False
+            if target.in_flight and now - target.quiet_since > UNPROVEN_AFTER:
+                waited = True
+        return waited
 
     def silent(self, destination: Destination) -> bool:
         """Is every webhook of ``destination`` silent: requests out and none back for ten times

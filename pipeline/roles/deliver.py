@@ -122,12 +122,12 @@ class DeliveryHandler:
         self._tiers = len(topics.retry)
         #: Records being attempted, per destination (its ``max_in_flight``).
         self._active: dict[str, int] = {}
-        #: Until one of its webhooks has answered, a destination takes at most this many of the
-        #: worker's in-flight slots: as many requests as its host has connections, none waiting
-        #: behind them. A new endpoint that hangs otherwise filled every slot with records
-        #: waiting behind its first requests until it was found silent (``QUIET_MIN`` and a
-        #: check later), and its healthy neighbours waited with them (``make bench`` section 3,
-        #: the first run: 0.88 → 0.96 of the destination alone, medians of 9 runs).
+        #: A destination whose first requests have been out for a moment without an answer
+        #: (``WebhookSender.unproven``) takes at most this many of the worker's in-flight slots:
+        #: as many requests as its host has connections, none waiting behind them. A new
+        #: endpoint that hangs otherwise filled every slot with records waiting behind its first
+        #: requests until it was found silent (``QUIET_MIN`` and a check later), and its healthy
+        #: neighbours waited with them.
         self._unanswered_limit = settings.max_connections_per_host
         self._parking = settings.parking
         # With parking, ``_park`` has asked the circuits already: a record every circuit refuses
@@ -421,7 +421,7 @@ class DeliveryHandler:
         """Why (and for how many seconds) records for ``destination`` should wait rather than be
         attempted now: its ``max_in_flight`` taken, every webhook's circuit open, every webhook
         silent (requests out, none back lately), as many records out as its host has connections
-        while none of its webhooks has answered yet (``_unanswered_limit``), or its turn under
+        while its first requests go unanswered (``_unanswered_limit``), or its turn under
         ``rate_limit`` far off."""
         if destination is None or not destination.enabled:
             return None  # dead-lettered, which needs the record
@@ -435,7 +435,7 @@ class DeliveryHandler:
         silence = self._sender.silence_ends_in(destination)
         if silence is not None:  # until its requests out have timed out
             return ("silent", max(SILENT_WAIT, silence))
-        if active >= self._unanswered_limit and not self._sender.answered(destination):
+        if active >= self._unanswered_limit and self._sender.unproven(destination):
             return ("unanswered", IN_FLIGHT_WAIT)
         rate_wait = self._sender.rate_wait(destination)
         if rate_wait > RATE_WAIT_IN_FLIGHT:

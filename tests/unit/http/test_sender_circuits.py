@@ -198,19 +198,21 @@ def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
 
 
-def test_a_destination_has_answered_once_one_of_its_webhooks_gave_any_status() -> None:
+def test_a_destination_is_unproven_while_its_first_requests_go_unanswered() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging, failing = f"{receiver}/hang", f"{receiver}/fail"
-        refused = "http://127.0.0.1:1/hook"  # nothing listens: no status, no answer
-        assert not sender.answered(destination(hanging, failing))  # never tried
+        assert not sender.unproven(destination(hanging))  # never tried
         out = asyncio.create_task(sender.attempt(destination(hanging), b"{}", "m1"))
-        assert (await sender.attempt(destination(refused), b"{}", "m2"))[0].status is None
-        assert not sender.answered(destination(hanging, refused))  # one out, one refused
-        assert (await sender.attempt(destination(failing), b"{}", "m3"))[0].status == 500
-        assert sender.answered(destination(hanging, failing))  # a 500 is an answer
-        assert not sender.answered(destination(hanging))
+        while not sender._target(hanging).in_flight:
+            await asyncio.sleep(0)
+        assert not sender.unproven(destination(hanging))  # out for less than UNPROVEN_AFTER
+        await asyncio.sleep(0.1)
+        assert sender.unproven(destination(hanging))
+        assert (await sender.attempt(destination(failing), b"{}", "m2"))[0].status == 500
+        assert not sender.unproven(destination(hanging, failing))  # a 500 is an answer
+        assert sender.unproven(destination(hanging))
         assert (await out)[0].failure is Failure.TIMEOUT
-        assert not sender.answered(destination(hanging))  # a timeout is none
+        assert not sender.unproven(destination(hanging))  # nothing out any more
 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
 

@@ -109,8 +109,8 @@ class FakeSender:
     answer: Callable[[Destination], list[UrlResult]]
     circuits: Callable[[Destination], list[UrlResult] | None] = lambda destination: None
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
-    #: Has one of a destination's webhooks answered yet (``WebhookSender.answered``)?
-    heard: bool = True
+    #: Have a destination's first requests gone unanswered a while (``WebhookSender.unproven``)?
+    mute: bool = False
 
     async def attempt(
         self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
@@ -118,8 +118,8 @@ class FakeSender:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
 
-    def answered(self, destination: Destination) -> bool:
-        return self.heard
+    def unproven(self, destination: Destination) -> bool:
+        return self.mute
 
     def silent(self, destination: Destination) -> bool:
         return False
