@@ -31,16 +31,12 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.core.calls import parse_call
 from pipeline.core.config import validate_config
-from pipeline.core.records import call_to_record
 from pipeline.core.settings import Settings
-from pipeline.core.timestamps import now_ms
 from pipeline.http.ingest import IngestOptions, start_ingest
 from pipeline.kafka.clients import consumer_config, topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.config_store import apply_config
-from pipeline.kafka.producer import AckedProducer
 from pipeline.roles.worker import run_roles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,29 +275,6 @@ def dead_letters(settings: Settings, count: int, timeout: float = 30.0) -> list[
     from pipeline.kafka.clients import topics_for
 
     return read_topic(settings, topics_for(settings).dlq, "DeadLetter", count, timeout)
-
-
-def live_traffic(
-    settings: Settings, tag: str, seconds: float, rate: int = 50, source: str = "app"
-) -> dict[str, int]:
-    """Calls of ``source`` at ``rate`` a second (a tenth of a second's at a time) for
-    ``seconds``, produced straight to ``calls`` as the ingestion API does; returns each one's
-    arrival time by messageId."""
-    producer = AckedProducer(settings)
-    codec, topic = Codec.default(), topics_for(settings).calls
-    received_at: dict[str, int] = {}
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        for _ in range(rate // 10):
-            at = now_ms()
-            raw = {"type": "track", "userId": f"l{len(received_at) % 20}", "event": "Live"}
-            raw["messageId"] = f"{tag}-{len(received_at)}"
-            call = parse_call(raw, source_id=source, received_at=at)
-            producer.produce(topic, call.key, codec.encode("Call", call_to_record(call)))
-            received_at[call.message_id] = at
-        producer.flush()
-        time.sleep(max(0.0, started + len(received_at) / rate - time.monotonic()))
-    return received_at
 
 
 def stays(predicate: Callable[[], bool], seconds: float = 1.5) -> bool:

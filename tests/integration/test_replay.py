@@ -7,17 +7,21 @@ import re
 import signal
 import statistics
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from pipeline.core.records import call_from_record
+from pipeline.core.calls import parse_call
+from pipeline.core.records import call_from_record, call_to_record
 from pipeline.core.render import render_body
 from pipeline.core.settings import Settings
-from pipeline.core.timestamps import format_timestamp
+from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.kafka.clients import create_topics, topics_for
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.producer import AckedProducer
 from pipeline.ops.replay import CHECKPOINT_SECONDS, read_replays
 from tests.support import (
     CallsTopic,
@@ -25,7 +29,6 @@ from tests.support import (
     apply,
     caught_up,
     delivery_log_entries,
-    live_traffic,
     run_cli,
     send_calls,
     stays,
@@ -208,6 +211,26 @@ def test_an_interrupted_replay_resumes_where_it_stopped(
     assert duplicates <= rate * CHECKPOINT_SECONDS * 1.5, duplicates
     (state,) = read_replays(settings).values()
     assert state.finished_at is not None and state.sent == 1000  # counted once, at checkpoints
+
+
+def live_traffic(settings: Settings, tag: str, seconds: float, rate: int = 50) -> dict[str, int]:
+    """Calls of source ``app`` at ``rate`` a second for ``seconds``, produced straight to
+    ``calls`` as the ingestion API does; returns each one's arrival time by messageId."""
+    producer = AckedProducer(settings)
+    codec, topic = Codec.default(), topics_for(settings).calls
+    received_at: dict[str, int] = {}
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        for _ in range(rate // 10):
+            at = now_ms()
+            raw = {"type": "track", "userId": f"l{len(received_at) % 20}", "event": "Live"}
+            raw["messageId"] = f"{tag}-{len(received_at)}"
+            call = parse_call(raw, source_id="app", received_at=at)
+            producer.produce(topic, call.key, codec.encode("Call", call_to_record(call)))
+            received_at[call.message_id] = at
+        producer.flush()
+        time.sleep(max(0.0, started + len(received_at) / rate - time.monotonic()))
+    return received_at
 
 
 def settled(receiver: Receiver) -> None:
