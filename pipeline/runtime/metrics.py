@@ -93,8 +93,9 @@ PARKED = Counter(
     "Records set aside for a later tier without an attempt, decode or re-encode, by destination "
     "and reason (circuit_open: every webhook's circuit is open; in_flight: the destination has "
     "its max_in_flight; silent: its webhooks have requests out and none came back for ten times "
-    "their usual answer time (at least 0.25 s); unanswered: none of its webhooks has answered yet "
-    "and it has as many records out as its host has connections; rate_limited: its turn under "
+    "their usual answer time (at least 0.25 s); unanswered: its first requests have been out 50 ms "
+    "and none of its webhooks has answered yet, and it has as many records out as its host has "
+    "connections; rate_limited: its turn under "
     "rate_limit is more than a second away).",
     ["destination", "reason"],
 )
