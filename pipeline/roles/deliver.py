@@ -800,6 +800,8 @@ class _ParkPlan(NamedTuple):
         return [*self.headers, (parked_batches.PARTS_HEADER, b"%d" % parts)]
 
 
+#: ``RoutingParker``'s answer for a destination it has not asked about yet in its batch.
+_UNASKED: Any = object()
 #: A batch's park plans so far, by destination and retry window (``DeliveryHandler._park_plan``).
 _Plans = dict[tuple[str | None, int | None, int | None], _ParkPlan | None]
 
@@ -877,7 +879,8 @@ class RoutingParker:
         self._handler = handler
         self._now = now
         self._destinations = {} if handler is None else handler._follower.table.destinations
-        self._plans: _Plans = {}
+        #: By destination: a fresh record's window is its destination's (none started yet).
+        self._plans: dict[str, _ParkPlan | None] = {}
         self._parking = _Parking()
         self._alone: list[Headed] = []  # the probe's carriers
         self.parked = 0
@@ -886,8 +889,14 @@ class RoutingParker:
         handler = self._handler
         if handler is None:
             return False
-        destination = self._destinations.get(delivery.destination_id)
-        plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING, self._plans)
+        name = delivery.destination_id
+        plan = self._plans.get(name, _UNASKED)
+        if plan is _UNASKED:  # asked once a batch, as ``_park_plan`` keeps plans (a destination
+            # of 50 asked per call: 0.5 µs each, a key and a call fewer than through ``plans``)
+            destination = self._destinations.get(name)
+            plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING)
+            if plan is None or plan.shared:
+                self._plans[name] = plan
         if plan is None:
             return False
         if plan.shared:
