@@ -525,7 +525,7 @@ class DeliveryHandler:
             if key in plans:
                 return plans[key]
             made = self._park_plan(destination, first_attempt_at, deadline, now, reasons)
-            if (made is None and keep_none) or (made is not None and made.shared):
+            if _holds_for_batch(made, keep_none):
                 plans[key] = made
             return made
         why = self._park_reason(destination)
@@ -800,6 +800,14 @@ class _ParkPlan(NamedTuple):
         return [*self.headers, (parked_batches.PARTS_HEADER, b"%d" % parts)]
 
 
+def _holds_for_batch(plan: _ParkPlan | None, keep_none: bool = True) -> bool:
+    """Does an answer of ``_park_plan`` hold for the rest of a batch's records of its destination
+    and window? A plan to park does unless it is the probe's carrier's (only the first record
+    carries it); an answer not to park does where records start no request (``keep_none``), as
+    in-flight counts only grow within a batch."""
+    return (plan is None and keep_none) or (plan is not None and plan.shared)
+
+
 #: ``RoutingParker``'s answer for a destination it has not asked about yet in its batch.
 _UNASKED: Any = object()
 #: A batch's park plans so far, by destination and retry window (``DeliveryHandler._park_plan``).
@@ -895,7 +903,7 @@ class RoutingParker:
             # of 50 asked per call: 0.5 µs each, a key and a call fewer than through ``plans``)
             destination = self._destinations.get(name)
             plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING)
-            if plan is None or plan.shared:
+            if _holds_for_batch(plan):
                 self._plans[name] = plan
         if plan is None:
             return False
