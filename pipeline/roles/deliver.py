@@ -482,13 +482,18 @@ class DeliveryHandler:
         """The router's fresh record ``value`` of ``delivery``, parked straight in a retry tier
         if this process would park it on arrival because its destination's endpoints are down
         or hang (every circuit open: a run of failures; every webhook silent: requests out and
-        none back); ``None``: it goes to ``deliveries``.
+        none back; unproven, its first requests unanswered, with its host's connections' worth
+        of records out); ``None``: it goes to ``deliveries``.
 
         One produce instead of a produce, a consume, a decode and a produce again: a hanging
         or failing neighbour costs a healthy destination that much less (``make bench`` section
         3, a hang's first seconds: 0.69 → 0.81 of the healthy destination alone, for silence).
-        A destination at its in-flight limit or over its rate is decided on arrival, where the
-        records ahead of it have been counted: the router runs ahead of delivery."""
+        Unproven is asked here too: silence takes a quarter of a second to tell, in which the
+        router, running ahead, sent a new hanging destination's records to ``deliveries`` by the
+        thousand for the deliver role to park (a median of 3,700-4,200 of 10,000 in section 3's
+        first run; 1,600-2,300 with it, ``docs/decisions.md``). A destination at
+        its in-flight limit or over its rate is decided on arrival, where the records ahead of
+        it have been counted: the router runs ahead of delivery."""
         parker = self.routing_parker()
         if not parker(key, value, delivery):
             return None
@@ -729,7 +734,7 @@ SILENT_WAIT = 1.0
 #: when the records parked while its circuit is open come back, but one (``_park_plan``).
 PROBE_HEARD_AFTER = 0.5
 #: Why the router parks a fresh record itself (``DeliveryHandler.parked_at_routing``).
-_AT_ROUTING = frozenset({"circuit_open", "silent"})
+_AT_ROUTING = frozenset({"circuit_open", "silent", "unanswered"})
 
 
 class _Window(NamedTuple):

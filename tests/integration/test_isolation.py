@@ -149,6 +149,24 @@ def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(
     wait_for(lambda: wanted <= seen(), timeout=30)
 
 
+def records(settings: Any, topic: str) -> list[tuple[str, str, bool]]:
+    """(message id, destination, has a park header) of the delivery records in ``topic``, those
+    of parked batches included."""
+    found = []
+    for message in read_topic(settings, topic, idle_timeout=2):
+        headers = dict(message.headers() or [])
+        carried = (  # a parked batch: the records parked together, in one
+            [part.value() for part in unpacked(message.value(), message.headers() or [])]
+            if PARTS_HEADER in headers
+            else [message.value()]
+        )
+        for value in carried:
+            record = Codec.default().decode("Delivery", value)
+            parked = "pipeline-park" in headers
+            found.append((record["messageId"], record["destinationId"], parked))
+    return found
+
+
 def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
     settings, receiver_factory, worker_factory
 ):
@@ -179,26 +197,14 @@ def test_a_destination_whose_circuit_is_open_is_parked_at_routing(
     send_calls(settings, [dict(track, messageId=m) for m in after], "wk")
     wait_for(lambda: len(good.requests) == 45, timeout=30)
 
-    def records(topic: str) -> list[tuple[str, str, bool]]:
-        """(message id, destination, has a park header) of ``topic``'s records."""
-        found = []
-        for message in read_topic(settings, topic, idle_timeout=2):
-            headers = dict(message.headers() or [])
-            carried = (  # a parked batch: the records parked together, in one
-                [part.value() for part in unpacked(message.value(), message.headers() or [])]
-                if PARTS_HEADER in headers
-                else [message.value()]
-            )
-            for value in carried:
-                record = Codec.default().decode("Delivery", value)
-                parked = "pipeline-park" in headers
-                found.append((record["messageId"], record["destinationId"], parked))
-        return found
-
-    main = [(m, d) for m, d, _ in records(topics.deliveries) if m.startswith("after-")]
+    main = [(m, d) for m, d, _ in records(settings, topics.deliveries) if m.startswith("after-")]
     assert sorted(main) == sorted((m, "hooks") for m in after)  # only the healthy one's
     # parked until the circuit half-opens (60 s): in the tier whose delay is not under that
-    wait_for(lambda: {m for m, d, p in records(topics.retry[1]) if d == "bad" and p} >= set(after))
+    wait_for(
+        lambda: (
+            {m for m, d, p in records(settings, topics.retry[1]) if d == "bad" and p} >= set(after)
+        )
+    )
     assert len(bad.requests) < 10  # before the circuit opened, and no more
 
 
@@ -242,3 +248,10 @@ def test_a_new_endpoint_that_never_answers_takes_no_more_records_than_its_hosts_
     # The second wave came while the endpoint was unproven, with three of its records out.
     wait_for(lambda: parked("unanswered") >= 20, timeout=10)
     assert mute.count() == 3
+    # The router parked them itself, as the deliver role in its process would have: they went
+    # straight to the first tier, and never through ``deliveries``.
+    topics = topics_for(settings)
+    second = {f"b{n}" for n in range(20)}
+    routed = [(m, d) for m, d, _ in records(settings, topics.deliveries) if m in second]
+    assert sorted(routed) == sorted((m, "hooks") for m in second)  # the healthy one's only
+    assert {m for m, d, p in records(settings, topics.retry[0]) if d == "mute" and p} >= second
