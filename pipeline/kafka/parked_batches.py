@@ -21,7 +21,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
-__all__ = ["PARTS_HEADER", "MAX_BYTES", "PartMessage", "packed", "unpacked", "entry_size"]
+__all__ = [
+    "PARTS_HEADER",
+    "MAX_BYTES",
+    "PartMessage",
+    "packed",
+    "unpacked",
+    "entry_size",
+    "split_first",
+]
 
 #: The header of a parked record that carries several: how many (ASCII digits).
 PARTS_HEADER = "pipeline-parked-parts"
@@ -100,3 +108,24 @@ def unpacked(
     if not parts:
         raise ValueError("an empty batch")
     return parts
+
+
+def split_first(value: bytes | None) -> tuple[bytes | None, bytes, bytes]:
+    """A batch's first record (key, value) and the rest of the batch, its bytes as they are (a
+    batch of the others: batches join by concatenation). Raises ``ValueError`` when the value
+    does not start with a whole record.
+
+    >>> split_first(packed([(b"k1", b"first", 0), (None, b"second", 0)]))[:2]
+    (b'k1', b'first')
+    """
+    data = value or b""
+    try:
+        key_length, value_length = _LENGTHS.unpack_from(data, 0)
+    except struct.error as exc:
+        raise ValueError(f"a batch cut short: {exc}") from None
+    at = _LENGTHS.size + max(key_length, 0)
+    end = at + value_length
+    if value_length < 0 or end > len(data):
+        raise ValueError(f"a first record of {value_length} bytes past the batch's end")
+    key = None if key_length < 0 else data[_LENGTHS.size : at]
+    return key, data[at:end], data[end:]

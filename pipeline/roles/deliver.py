@@ -469,12 +469,45 @@ class DeliveryHandler:
         message = taken.message
         parts = window.parts if isinstance(window, _ParkHeader) else 0
         out: list[Outgoing | Headed]
-        if parking is None:
+        if parts > 1 and not plan.shared:
+            out = self._carried_by_one(plan, message, parts, destination, first, deadline, now)
+        elif parking is None:
             out = [plan.parked_record(message.key(), message.value(), parts)]
         else:
             out = parking.add(plan, taken.key, message.key(), message.value(), parts)
         decided.append((taken, out, None))
         return True
+
+    def _carried_by_one(
+        self,
+        plan: _ParkPlan,
+        message: Any,
+        parts: int,
+        destination: Destination | None,
+        first: int | None,
+        deadline: int | None,
+        now: float,
+    ) -> list[Outgoing | Headed]:
+        """A parked batch come due and parked again as the probe's carrier (``plan``): its first
+        record carries the probe, alone; the others go on together, back once the probe has
+        answered, as the other records of the reopening do. A whole batch carrying it came back
+        to a circuit ready for its probe, so it was opened and every record started: one took
+        the probe, and the others were refused and parked one by one (48 of them in a `/tmp`
+        harness of a hang, once a cool-down)."""
+        try:
+            key, value, rest = parked_batches.split_first(message.value())
+            next_key, next_value, after = parked_batches.split_first(rest)
+            others = self._park_plan(destination, first, deadline, now)
+        except ValueError:  # it will not read back: parked as it is, dead-lettered when due
+            others = None
+        if others is None or not others.shared:
+            return [plan.parked_record(message.key(), message.value(), parts)]
+        return [
+            plan.parked_record(key, value),
+            others.parked_record(next_key, rest, parts - 1)
+            if after
+            else others.parked_record(next_key, next_value),
+        ]
 
     def parked_at_routing(
         self, key: bytes | None, value: bytes, delivery: Delivery

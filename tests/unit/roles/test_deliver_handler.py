@@ -589,13 +589,43 @@ def parked_batch(values: list[bytes], not_before: float, **changes: Any) -> Any:
 def test_a_parked_batch_still_refused_is_parked_again_whole_without_a_decode() -> None:
     counted = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
     before = counted._value.get()
-    batch = [parked_batch([b"not decoded"] * 3, time.time() - 1)]
-    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
-    [again] = producer.sent
-    assert again[2] == batch[0].message.value()  # the same bytes: one record, one produce
+    headers, value = parked_taken(b"alone", time.time() - 1)
+    alone = taken(TOPICS.retry[1], value, key=b"hooks/u9", offset=2, headers=headers)
+    batch = [alone, parked_batch([b"not decoded"] * 3, time.time() - 1)]  # the first carries
+    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)  # the probe (below)
+    carrier, again = producer.sent
+    assert carrier[2] == b"alone"
+    assert again[2] == batch[1].message.value()  # the same bytes: one record, one produce
     assert parts_of(again) == [(b"hooks/u%d" % n, b"not decoded") for n in range(3)]
-    assert counted._value.get() == before + 3  # each record it carries counted
+    assert counted._value.get() == before + 4  # each record it carries counted
     assert loop.finished == batch
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_parked_batch_parked_again_to_carry_the_probe_carries_it_with_one_record(
+    count: int,
+) -> None:
+    """The records of a reopening come back once its probe has answered, but one, which comes
+    back when the circuit half-opens, to carry the probe. A whole batch chosen for that used to
+    come back to a circuit ready for one probe, be opened, and have every record started: one
+    took the probe, the others were refused and parked one by one. Now its first record carries
+    the probe, alone, and the others stay together (a batch, or a record alone), without a
+    decode, back with the rest of the reopening."""
+    counted = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
+    before, now = counted._value.get(), time.time()
+    batch = [parked_batch([b"record %d" % n for n in range(count)], now - 1)]
+    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    carrier, others = producer.sent
+    answered = Settings().delivery_timeout + PROBE_HEARD_AFTER
+
+    def wait(record: Any) -> float:
+        return int((park_header(record) or ())[1]) / 1000 - now
+
+    assert parts_of(carrier) == [(b"hooks/u0", b"record 0")]
+    assert wait(carrier) == pytest.approx(30.0, abs=0.2)
+    assert parts_of(others) == [(b"hooks/u%d" % n, b"record %d" % n) for n in range(1, count)]
+    assert wait(others) == pytest.approx(30.0 + answered, abs=0.2)
+    assert counted._value.get() == before + count and loop.finished == batch
 
 
 def test_a_parked_batch_whose_circuit_closed_goes_on_record_by_record() -> None:
