@@ -524,9 +524,9 @@ class DeliveryHandler:
         Unproven is asked here too: silence takes a quarter of a second to tell, in which the
         router, running ahead, sent a new hanging destination's records to ``deliveries`` by the
         thousand for the deliver role to park (a median of 3,700-4,200 of 10,000 in section 3's
-        first run; 1,600-2,300 with it, ``docs/decisions.md``). A destination at
-        its in-flight limit or over its rate is decided on arrival, where the records ahead of
-        it have been counted: the router runs ahead of delivery."""
+        first run; 1,600-2,300 with it, ``docs/decisions.md``). A destination at its in-flight
+        limit or over its rate is decided on arrival, where the records ahead of it have been
+        counted: the router runs ahead of delivery."""
         parker = self.routing_parker()
         if not parker(key, value, delivery):
             return None
