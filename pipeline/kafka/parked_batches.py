@@ -92,19 +92,10 @@ def unpacked(
     data = value or b""
     kept = [header for header in headers if header[0] != PARTS_HEADER]
     parts: list[PartMessage] = []
-    at, end = 0, len(data)
-    try:
-        while at < end:
-            key_length, value_length = _LENGTHS.unpack_from(data, at)
-            at += _LENGTHS.size
-            key = None if key_length < 0 else data[at : at + key_length]
-            at += max(key_length, 0)
-            if value_length < 0 or at + value_length > end:
-                raise ValueError(f"a part of {value_length} bytes past the batch's end")
-            parts.append(PartMessage(key, data[at : at + value_length], kept))
-            at += value_length
-    except struct.error as exc:
-        raise ValueError(f"a batch cut short at byte {at} of {end}: {exc}") from None
+    at = 0
+    while at < len(data):
+        key, part, at = _entry(data, at)
+        parts.append(PartMessage(key, part, kept))
     if not parts:
         raise ValueError("an empty batch")
     return parts
@@ -119,13 +110,20 @@ def split_first(value: bytes | None) -> tuple[bytes | None, bytes, bytes]:
     (b'k1', b'first')
     """
     data = value or b""
+    key, first, end = _entry(data, 0)
+    return key, first, data[end:]
+
+
+def _entry(data: bytes, at: int) -> tuple[bytes | None, bytes, int]:
+    """The record (key, value) written at byte ``at`` of a batch's value ``data``, and where the
+    next one starts. Raises ``ValueError`` when it is not all there."""
     try:
-        key_length, value_length = _LENGTHS.unpack_from(data, 0)
+        key_length, value_length = _LENGTHS.unpack_from(data, at)
     except struct.error as exc:
-        raise ValueError(f"a batch cut short: {exc}") from None
-    at = _LENGTHS.size + max(key_length, 0)
-    end = at + value_length
+        raise ValueError(f"a batch cut short at byte {at} of {len(data)}: {exc}") from None
+    start = at + _LENGTHS.size
+    stop = start + max(key_length, 0)
+    end = stop + value_length
     if value_length < 0 or end > len(data):
-        raise ValueError(f"a first record of {value_length} bytes past the batch's end")
-    key = None if key_length < 0 else data[_LENGTHS.size : at]
-    return key, data[at:end], data[end:]
+        raise ValueError(f"a part of {value_length} bytes past the batch's end")
+    return (None if key_length < 0 else data[start:stop]), data[stop:end], end
