@@ -497,9 +497,9 @@ class DeliveryHandler:
         try:
             key, value, rest = parked_batches.split_first(message.value())
             next_key, next_value, after = parked_batches.split_first(rest)
-            others = self._park_plan(destination, first, deadline, now)
         except ValueError:  # it will not read back: parked as it is, dead-lettered when due
-            others = None
+            return [plan.parked_record(message.key(), message.value(), parts)]
+        others = self._park_plan(destination, first, deadline, now)
         if others is None or not others.shared:
             return [plan.parked_record(message.key(), message.value(), parts)]
         return [
