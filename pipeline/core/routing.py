@@ -87,9 +87,12 @@ class Routed(NamedTuple):
 
     call_type: CallType | None = None
     """The call's type (counted as routed); ``None`` when it did not decode."""
-    deliveries: tuple[tuple[bytes, Delivery], ...] = ()
-    """(Kafka key, record) for the deliveries topic, one per destination: the records differ
-    only in their destination (the router encodes the first and splices the others)."""
+    delivery: Delivery | None = None
+    """The first destination's record for the deliveries topic. The others' differ only in their
+    destination, so only this one is made: the router encodes it and splices the others' values
+    from it (``deliveries`` makes them all)."""
+    keys: tuple[tuple[bytes, str], ...] = ()
+    """(Kafka key, destination id) of each delivery record, the first's included, in order."""
     dropped: DropReason | None = None
     undecodable: str | None = None
     """Why the record is not a call: it goes to the dead-letter topic, raw."""
@@ -97,6 +100,17 @@ class Routed(NamedTuple):
     """The call, when it decoded (the delivery log describes it)."""
     excluded: tuple[tuple[str, DropReason], ...] = ()
     """Connected destinations the call does not go to, and why."""
+
+    @property
+    def deliveries(self) -> tuple[tuple[bytes, Delivery], ...]:
+        """(Kafka key, record) for the deliveries topic, one per destination."""
+        first = self.delivery
+        if first is None:
+            return ()
+        return tuple(
+            (key, first if name == first.destination_id else first._replace(destination_id=name))
+            for key, name in self.keys
+        )
 
 
 def route_record(
@@ -114,20 +128,35 @@ def route_record(
     if decision.dropped is not None:
         return Routed(call.type, dropped=decision.dropped, call=call, excluded=decision.excluded)
     body = render_body(call)  # once per call: every destination and every retry send these bytes
+    destinations = decision.destinations
+    user = call.key
+    prefix = _key_prefix
     return Routed(
         call.type,
-        tuple(
-            (delivery_key(destination.id, call), Delivery.for_call(call, destination.id, body))
-            for destination in decision.destinations
-        ),
+        Delivery.for_call(call, destinations[0].id, body),
+        tuple(((prefix.get(d.id) or _new_prefix(d.id)) + user, d.id) for d in destinations),
         call=call,
         excluded=decision.excluded,
     )
 
 
+#: ``<destinationId>/`` by destination id, the head of its records' keys (a look-up where an
+#: encode and a concatenation were, once per destination of every call), bounded like
+#: ``avro_writer.STRINGS``: destinations come from the config.
+_key_prefix: dict[str, bytes] = {}
+
+
+def _new_prefix(destination_id: str) -> bytes:
+    """``destination_id``'s key prefix, remembered."""
+    if len(_key_prefix) >= 10_000:
+        _key_prefix.clear()
+    made = _key_prefix[destination_id] = destination_id.encode() + b"/"
+    return made
+
+
 def delivery_key(destination_id: str, call: Call) -> bytes:
     """The Kafka key of ``call``'s delivery record for a destination (see the module's doc)."""
-    return destination_id.encode() + b"/" + call.key
+    return (_key_prefix.get(destination_id) or _new_prefix(destination_id)) + call.key
 
 
 def key_destination(key: bytes | None) -> str:

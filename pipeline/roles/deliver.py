@@ -509,10 +509,8 @@ class DeliveryHandler:
             else others.parked_record(next_key, next_value),
         ]
 
-    def parked_at_routing(
-        self, key: bytes | None, value: bytes, delivery: Delivery
-    ) -> Headed | None:
-        """The router's fresh record ``value`` of ``delivery``, parked straight in a retry tier
+    def parked_at_routing(self, key: bytes | None, value: bytes, destination: str) -> Headed | None:
+        """The router's fresh record ``value`` for ``destination``, parked straight in a retry tier
         if this process would park it on arrival because its destination's endpoints are down
         or hang (every circuit open: a run of failures; every webhook silent: requests out and
         none back; unproven, its first requests unanswered, with its host's connections' worth
@@ -528,7 +526,7 @@ class DeliveryHandler:
         limit or over its rate is decided on arrival, where the records ahead of it have been
         counted: the router runs ahead of delivery."""
         parker = self.routing_parker()
-        if not parker(key, value, delivery):
+        if not parker(key, value, destination):
             return None
         (record,) = parker.records()
         return record
@@ -931,18 +929,17 @@ class RoutingParker:
         self._alone: list[Headed] = []  # the probe's carriers
         self.parked = 0
 
-    def __call__(self, key: bytes | None, value: bytes, delivery: Delivery) -> bool:
+    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
         handler = self._handler
         if handler is None:
             return False
-        name = delivery.destination_id
-        plan = self._plans.get(name, _UNASKED)
+        plan = self._plans.get(destination, _UNASKED)
         if plan is _UNASKED:  # asked once a batch, as ``_park_plan`` keeps plans (a destination
             # of 50 asked per call: 0.5 µs each, a key and a call fewer than through ``plans``)
-            destination = self._destinations.get(name)
-            plan = handler._park_plan(destination, None, None, self._now, _AT_ROUTING)
+            found = self._destinations.get(destination)
+            plan = handler._park_plan(found, None, None, self._now, _AT_ROUTING)
             if _holds_for_batch(plan):
-                self._plans[name] = plan
+                self._plans[destination] = plan
         if plan is None:
             return False
         if plan.shared:

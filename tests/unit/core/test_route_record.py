@@ -39,17 +39,19 @@ def test_one_delivery_per_destination_keyed_destination_slash_user() -> None:
     body = render_body(call)
     assert routed == Routed(
         call.type,
-        (
-            (
-                b"hooks-a/u1",
-                Delivery(call.message_id, "hooks-a", "web", "track", body, 7, user_id="u1"),
-            ),
-            (
-                b"hooks-b/u1",
-                Delivery(call.message_id, "hooks-b", "web", "track", body, 7, user_id="u1"),
-            ),
-        ),
+        Delivery(call.message_id, "hooks-a", "web", "track", body, 7, user_id="u1"),
+        ((b"hooks-a/u1", "hooks-a"), (b"hooks-b/u1", "hooks-b")),
         call=call,
+    )
+    assert routed.deliveries == (
+        (
+            b"hooks-a/u1",
+            Delivery(call.message_id, "hooks-a", "web", "track", body, 7, user_id="u1"),
+        ),
+        (
+            b"hooks-b/u1",
+            Delivery(call.message_id, "hooks-b", "web", "track", body, 7, user_id="u1"),
+        ),
     )
     [(_, fresh), _] = routed.deliveries
     assert (fresh.tier, fresh.not_before, fresh.first_attempt_at, fresh.attempts) == (

@@ -380,7 +380,7 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
     parked_before = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
     count = parked_before._value.get()
     before = time.time()
-    parked = handler.parked_at_routing(b"hooks/u1", value, delivery())
+    parked = handler.parked_at_routing(b"hooks/u1", value, "hooks")
     assert parked is not None
     assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[1], b"hooks/u1", value)
     tier, not_before, first, deadline, destination = park_header(parked) or ()
@@ -405,16 +405,16 @@ def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
     count = parked._value.get()
     parker = handler.routing_parker()
     value, gone = encoded(delivery()), encoded(delivery("gone"))
-    assert parker(b"k1", value, delivery())  # comes back for the probe: its own plan
-    assert parker(b"k2", value, delivery()) and parker(b"k3", value, delivery())
-    assert not parker(b"k4", gone, delivery("gone"))  # not configured: dead-lettered later
+    assert parker(b"k1", value, "hooks")  # comes back for the probe: its own plan
+    assert parker(b"k2", value, "hooks") and parker(b"k3", value, "hooks")
+    assert not parker(b"k4", gone, "gone")  # not configured: dead-lettered later
     assert Counting.asked == 2  # the carrier's, then the plan the others share
     carrier, shared = parker.records()  # the others in one record: one plan
     assert parts_of(carrier) == [(b"k1", value)] and shared[1] == b"k2"
     assert parts_of(shared) == [(b"k2", value), (b"k3", value)]
     assert park_header(carrier) != park_header(shared)
     assert parked._value.get() == count + 3 and parker.parked == 3  # each record counted
-    assert handler.routing_parker()(b"k5", value, delivery())
+    assert handler.routing_parker()(b"k5", value, "hooks")
     assert Counting.asked == 3  # the next batch asks again
 
 
@@ -422,7 +422,7 @@ def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
     value = encoded(delivery())
     before = time.time()
     parked = handler_for(FakeProducer(), Silent(lambda d: [OK])).parked_at_routing(
-        b"k", value, delivery()
+        b"k", value, "hooks"
     )
     assert parked is not None and parked[2] == value
     tier, not_before, *_ = park_header(parked) or ()
@@ -434,7 +434,7 @@ def test_a_fresh_record_goes_to_deliveries_unless_its_endpoints_are_down_or_hang
         def rate_wait(self, destination: Destination) -> float:
             return 30.0
 
-    value, fresh = encoded(delivery()), delivery()
+    value, fresh = encoded(delivery()), "hooks"
     healthy = handler_for(FakeProducer(), FakeSender(lambda d: [OK]))
     assert healthy.parked_at_routing(b"k", value, fresh) is None
     # Decided on arrival, where the records ahead of it have been counted: over its rate.
@@ -443,7 +443,7 @@ def test_a_fresh_record_goes_to_deliveries_unless_its_endpoints_are_down_or_hang
     off = handler_for(FakeProducer(), CIRCUITS_OPEN, settings=Settings(parking=False))
     assert off.parked_at_routing(b"k", value, fresh) is None
     gone = handler_for(FakeProducer(), CIRCUITS_OPEN)  # dead-lettered on arrival, with its record
-    assert gone.parked_at_routing(b"k", encoded(delivery("gone")), delivery("gone")) is None
+    assert gone.parked_at_routing(b"k", encoded(delivery("gone")), "gone") is None
 
 
 def test_a_record_for_a_silent_destination_waits_as_long_as_the_sender_says() -> None:
@@ -554,7 +554,7 @@ def test_one_parked_record_comes_back_for_the_probe_the_others_after_its_answer(
     def waits(count: int) -> list[tuple[float, int]]:
         """(wait, records carried) of each record parked for ``count`` fresh records."""
         parker, now = handler.routing_parker(), time.time()
-        assert all(parker(b"k", value, delivery()) for _ in range(count))
+        assert all(parker(b"k", value, "hooks") for _ in range(count))
         return [
             (round(int((park_header(r) or ())[1]) / 1000 - now, 1), len(parts_of(r)))
             for r in parker.records()
@@ -679,7 +679,7 @@ def test_a_parked_batch_that_does_not_read_back_is_dead_lettered_whole() -> None
 def test_records_parked_together_past_the_size_of_a_batch_go_in_several() -> None:
     big = b"x" * (MAX_BYTES // 2 - 100)
     parker = handler_for(FakeProducer(), Silent(lambda d: [OK])).routing_parker()
-    assert all(parker(b"hooks/u%d" % n, big, delivery()) for n in range(5))
+    assert all(parker(b"hooks/u%d" % n, big, "hooks") for n in range(5))
     records = parker.records()
     assert [len(parts_of(record)) for record in records] == [2, 2, 1]
     assert all(len(record[2]) <= MAX_BYTES for record in records)

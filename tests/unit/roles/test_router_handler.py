@@ -15,6 +15,7 @@ from pipeline import parse_call
 from pipeline.core.config import ConfigTable, Destination, Source
 from pipeline.core.records import Delivery, call_to_record, delivery_to_record
 from pipeline.core.render import render_body
+from pipeline.core.routing import Routed
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
@@ -308,8 +309,8 @@ class ParksB:
         self.parked = 0
         self.kept: list[Any] = []
 
-    def __call__(self, key: bytes | None, value: bytes, delivery: Any) -> bool:
-        if delivery.destination_id != "hooks-b":
+    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
+        if destination != "hooks-b":
             return False
         self.parked += 1
         self.kept.append((TOPICS.retry[0], key, value, [("pipeline-park", b"0 1 2 3 hooks-b")]))
@@ -361,6 +362,9 @@ def test_a_calls_delivery_records_are_the_codecs_bytes_for_each_destination(
         received_at=1,
     )
     body = render_body(call)
-    deliveries = [(b"k", Delivery.for_call(call, name, body)) for name in names]
-    expected = [CODEC.encode("Delivery", delivery_to_record(d)) for _, d in deliveries]
-    assert _values(CODEC, deliveries) == expected
+    routed = Routed(
+        call.type, Delivery.for_call(call, names[0], body), tuple((b"k", n) for n in names)
+    )
+    expected = [CODEC.encode("Delivery", delivery_to_record(d)) for _, d in routed.deliveries]
+    assert [d.destination_id for _, d in routed.deliveries] == names
+    assert _values(CODEC, routed) == expected
