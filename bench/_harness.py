@@ -334,6 +334,19 @@ class Worker:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def settle(self, *, busy: float = 0.1, window: float = 0.5, timeout: float = 30.0) -> float:
+        """Wait until the process uses less than ``busy`` of a core over ``window`` seconds: what
+        an earlier run left it to do (its delivery log, its commits) is done, so the next run
+        starts from a quiet worker whatever ran before. The seconds waited (``timeout`` at most:
+        a process that never settles is measured as it is)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            before = self.cpu_seconds()
+            time.sleep(window)
+            if self.cpu_seconds() - before < busy * window:
+                break
+        return time.monotonic() - started
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
