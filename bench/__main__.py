@@ -22,9 +22,10 @@ Sections (the issue's numbering):
 3. A hanging destination (reads requests, never answers) beside a healthy one, both on every call:
    the healthy receiver's events/s against the same with a healthy neighbour instead (same work
    per call) and against section 1's (alone: half the work per call). Plus the first run, when
-   the worker meets a hanging endpoint with its circuit still closed: a new one each run (five
-   runs at least), each against the destination alone run just before it. Each run starts once
-   the worker has settled (``Worker.settle``): the last run's tail is not billed to the next.
+   the worker meets a hanging endpoint with its circuit still closed: a new one each run, each
+   against the destination alone run just before it. Five runs at least (a run's ratio spreads
+   far here), each from a settled worker (``Worker.settle``): the last run's tail is not billed
+   to the next.
 4. Ingestion API, one ``pipeline ingest`` process: calls/s in batches of 100 and one call per
    request (``bench.ingest_client``).
 5. ``pipeline.client`` against segment-analytics-python, the same tight loop of ``track()`` calls,
@@ -313,12 +314,12 @@ def section_hang(bench: Bench) -> None:
     calls = bench.n(10000)
     healthy, other = Receiver(), Receiver()
     # A new hanging receiver for each first run: each is met fresh (circuit closed, no answer
-    # yet). The first of them is also the steady runs' neighbour. The first run's ratio spreads
-    # the most (0.72-1.02 over five runs in a /tmp harness, docs/decisions.md), so its median
-    # is of five runs at least.
-    firsts = max(bench.runs, 5)
-    hangs = [Receiver("hang") for _ in range(firsts)]
-    fresh = ["hang", *(f"hang-{k}" for k in range(1, firsts))]
+    # yet). The first of them is also the steady runs' neighbour. A run's ratio spreads far on
+    # this shared machine (0.72-1.02 over five first runs, 0.83-1.11 over eight steady ones, in
+    # /tmp harnesses: docs/decisions.md), so each row is the median of five runs at least.
+    runs = max(bench.runs, 5)
+    hangs = [Receiver("hang") for _ in range(runs)]
+    fresh = ["hang", *(f"hang-{k}" for k in range(1, runs))]
     deployment = Deployment(bench.bootstrap, "hang")
     deployment.apply(
         {
@@ -359,7 +360,7 @@ def section_hang(bench: Bench) -> None:
         warm_up(healthy, deployment, "warm")
         first_run(0)
         beside_hang, beside_healthy, solo = [], [], []
-        for run in range(bench.runs):  # the steady state: circuit open, probes
+        for run in range(runs):  # the steady state: circuit open, probes
             solo.append(measured("alone"))
             beside_healthy.append(measured("pair"))
             beside_hang.append(measured("hang"))
@@ -367,7 +368,7 @@ def section_hang(bench: Bench) -> None:
                 f"3 run {run + 1}: healthy beside hanging {beside_hang[-1]:,.0f}/s, "
                 f"beside healthy {beside_healthy[-1]:,.0f}/s, alone {solo[-1]:,.0f}/s"
             )
-        for k in range(1, firsts):
+        for k in range(1, runs):
             # The one before has settled (its requests timed out, its circuit open): each first
             # run meets one new hang, as the first did.
             time.sleep(deployment.settings.delivery_timeout + 1)
@@ -1018,8 +1019,9 @@ def report(bench: Bench, started: float, load: str) -> str:
 
 - Versions: {versions()}.
 - Machine: {load}.
-- Each figure is the median of {bench.runs} runs; each ratio is computed per run (ours and its
-  reference back to back) and the median of those is shown. The machine is shared: compare ratios.
+- Each figure is the median of {bench.runs} runs (section 3: {max(bench.runs, 5)}); each ratio is
+  computed per run (ours and its reference back to back) and the median of those is shown. The
+  machine is shared: compare ratios.
 - One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio
   HTTP/1.1 responder, one process each), serving the raw baselines and the pipeline alike.
 - Events/s are counted at the receiver, from its first answer to its last.
