@@ -54,11 +54,6 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
-        # Every record our producers write is JSON or Avro of it, which lz4 shrinks severalfold
-        # for a few µs per batch on librdkafka's thread (not the event loop's); the broker then
-        # stores and serves that much less: 30 % less broker CPU in bench section 3
-        # (docs/decisions.md). Consumers decompress by themselves.
-        "compression.type": "lz4",
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "queue.buffering.max.kbytes": 1048576,
