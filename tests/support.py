@@ -81,6 +81,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         PIPELINE_ALLOWED_NETWORKS=",".join(settings.allowed_networks),
         PIPELINE_CIRCUIT_FAILURES=str(settings.circuit_failures),
         PIPELINE_CIRCUIT_COOL_DOWN=f"{settings.circuit_cool_down}s",
+        PIPELINE_CIRCUIT_COOL_DOWN_MAX=f"{settings.circuit_cool_down_max}s",
         PIPELINE_MAX_IN_FLIGHT=str(settings.max_in_flight),
         PIPELINE_MAX_CONNECTIONS_PER_HOST=str(settings.max_connections_per_host),
         PIPELINE_TRANSACTIONS="on" if settings.transactions else "off",

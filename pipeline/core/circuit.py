@@ -2,16 +2,20 @@
 
 Closed: requests flow. After ``failures`` retryable failures in a row the circuit opens: records
 for the endpoint go to the next retry tier without a request. After ``cool_down`` seconds it half
-opens and lets one probe through; the probe's success closes it, its failure opens it again.
+opens and lets one probe through; the probe's success closes it, its failure opens it again for
+twice as long as the last time, up to ``cool_down_max`` (Envoy's outlier ejection grows likewise):
+a long-dead endpoint is probed, and its parked records moved, that much less often.
 
     >>> now = [0.0]
-    >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, clock=lambda: now[0])
+    >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, cool_down_max=300.0, clock=lambda: now[0])
     >>> breaker.allow(); breaker.record(ok=False); breaker.allow()
     True
     False
     >>> now[0] = 31.0
     >>> breaker.allow(), breaker.allow()  # half open: one probe only
     (True, False)
+    >>> breaker.record(ok=False); breaker.retry_in()  # the probe failed: twice the cool-down
+    60.0
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ class CircuitBreaker:
     __slots__ = (
         "failures",
         "cool_down",
+        "cool_down_max",
         "probe_timeout",
         "_clock",
         "state",
         "_run",
         "_opened_at",
+        "_wait",
         "_probing",
         "_probe_started",
     )
@@ -50,18 +56,23 @@ class CircuitBreaker:
         *,
         failures: int = 5,
         cool_down: float = 30.0,
+        cool_down_max: float | None = None,
         probe_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``probe_timeout``: how long a probe can take at most (the delivery timeout): what a
-        caller asking ``retry_in`` during a probe waits for, at most."""
+        """``cool_down_max``: the longest a circuit stays open after failed probes in a row
+        (``None``: ``cool_down``, it never grows). ``probe_timeout``: how long a probe can take
+        at most (the delivery timeout): what a caller asking ``retry_in`` during a probe waits
+        for, at most."""
         self.failures = failures
         self.cool_down = cool_down
+        self.cool_down_max = max(cool_down, cool_down_max or cool_down)
         self.probe_timeout = probe_timeout
         self._clock = clock
         self.state = CircuitState.CLOSED
         self._run = 0
         self._opened_at = 0.0
+        self._wait = cool_down  # this opening's cool-down
         self._probing = False
         self._probe_started = 0.0
 
@@ -86,7 +97,7 @@ class CircuitBreaker:
         if self.state is CircuitState.CLOSED:
             return False
         if self.state is CircuitState.OPEN:
-            return self._clock() - self._opened_at < self.cool_down
+            return self._clock() - self._opened_at < self._wait
         return self._probing
 
     def retry_in(self) -> float:
@@ -102,7 +113,7 @@ class CircuitBreaker:
         4.0
         """
         if self.state is CircuitState.OPEN:
-            return max(0.0, self.cool_down - (self._clock() - self._opened_at))
+            return max(0.0, self._wait - (self._clock() - self._opened_at))
         if self.state is CircuitState.HALF_OPEN and self._probing:
             return max(_LEAST_WAIT, self._probe_started + self.probe_timeout - self._clock())
         return 0.0
@@ -115,7 +126,12 @@ class CircuitBreaker:
             self._probing = False
             return
         self._run += 1
-        if self.state is CircuitState.HALF_OPEN or self._run >= self.failures:
-            self.state = CircuitState.OPEN
-            self._opened_at = self._clock()
-            self._probing = False
+        if self.state is CircuitState.HALF_OPEN:  # the probe failed
+            self._wait = min(self._wait * 2, self.cool_down_max)
+        elif self.state is CircuitState.CLOSED:
+            if self._run < self.failures:
+                return
+            self._wait = self.cool_down
+        self.state = CircuitState.OPEN  # (open already: a request sent before it opened failed)
+        self._opened_at = self._clock()
+        self._probing = False

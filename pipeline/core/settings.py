@@ -72,6 +72,10 @@ class Settings:
     circuit_failures: int = 5
     #: Seconds an open circuit waits before letting one probe through.
     circuit_cool_down: float = 30.0
+    #: Each failed probe in a row doubles that wait, up to this (at most ``circuit_cool_down``:
+    #: it never grows): a long-dead endpoint is probed, and its parked records moved, that much
+    #: less often.
+    circuit_cool_down_max: float = 300.0
     #: The router hands off in Kafka transactions (consume, produce and commit at once). Off
     #: only for Kafka-compatible brokers without transactions; a crashed router then routes
     #: again what it routed since its last commit.
@@ -133,6 +137,7 @@ class Settings:
         seconds("PIPELINE_SESSION_TIMEOUT", "session_timeout")
         integer("PIPELINE_CIRCUIT_FAILURES", "circuit_failures")
         seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
+        seconds("PIPELINE_CIRCUIT_COOL_DOWN_MAX", "circuit_cool_down_max")
         flag("PIPELINE_TRANSACTIONS", "transactions")
         seconds("PIPELINE_COMMIT_INTERVAL", "commit_interval")
         flag("PIPELINE_PARKING", "parking")

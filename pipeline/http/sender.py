@@ -111,6 +111,7 @@ def _breaker(settings: Settings) -> CircuitBreaker:
     return CircuitBreaker(
         failures=settings.circuit_failures,
         cool_down=settings.circuit_cool_down,
+        cool_down_max=settings.circuit_cool_down_max,
         probe_timeout=settings.delivery_timeout,
     )
 

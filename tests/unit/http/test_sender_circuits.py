@@ -279,3 +279,20 @@ def test_a_silent_endpoint_waits_until_its_oldest_request_out_times_out() -> Non
     assert sender.silent(hanging)
     target.quiet_since = time.monotonic() - 0.1  # it answered 100 ms ago: not silent
     assert sender.silence_ends_in(hanging) is None and not sender.silent(hanging)
+
+
+def test_the_circuits_cool_down_grows_to_the_settings_max() -> None:
+    """``PIPELINE_CIRCUIT_COOL_DOWN_MAX`` reaches every breaker: the endpoint's and its host's."""
+    settings = Settings.from_env(
+        {
+            "PIPELINE_ALLOWED_NETWORKS": "127.0.0.0/8",
+            "PIPELINE_CIRCUIT_COOL_DOWN": "30s",
+            "PIPELINE_CIRCUIT_COOL_DOWN_MAX": "2m",
+        }
+    )
+    sender = WebhookSender(settings)
+    target = sender._target(A)
+    assert target.host is not None
+    for breaker in (target.breaker, target.host.breaker):
+        assert (breaker.cool_down, breaker.cool_down_max) == (30.0, 120.0)
+    assert Settings().circuit_cool_down_max == 300.0
