@@ -7,7 +7,8 @@ twice as long as the last time, up to ``cool_down_max`` (Envoy's outlier ejectio
 a long-dead endpoint is probed, and its parked records moved, that much less often.
 
     >>> now = [0.0]
-    >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, cool_down_max=300.0, clock=lambda: now[0])
+    >>> clock = lambda: now[0]
+    >>> breaker = CircuitBreaker(failures=1, cool_down=30.0, cool_down_max=300.0, clock=clock)
     >>> breaker.allow(); breaker.record(ok=False); breaker.allow()
     True
     False

@@ -59,7 +59,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         # readers (docs/decisions.md); the transaction tests turn them on themselves.
         transactions=False,
         circuit_cool_down=1.0,
-        circuit_cool_down_max=1.0,  # it never grows: tests time their probes (growth: test_circuit.py)
+        circuit_cool_down_max=1.0,  # never grows: tests time their probes (see test_circuit.py)
         log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
     )
     create_topics(settings)
