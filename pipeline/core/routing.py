@@ -4,7 +4,8 @@ A call goes to every enabled destination connected to its source, unless the sou
 track event (seed §4.3 rule 7) or the call's ``integrations`` map turns the destination off (rule 6).
 
 ``route_record`` is the router's whole decision for one Kafka record of ``calls``: undecodable
-(dead letter), dropped (with the reason), or one ``Delivery`` per destination with its Kafka key
+(dead letter), dropped (with the reason), or a delivery record per destination (the first one's
+``Delivery``: the others differ only in their destination) with its Kafka key
 ``<destinationId>/<user key>``: one destination's traffic spreads over partitions, one user's calls
 to one destination stay in one partition, in order.
 """
