@@ -131,33 +131,34 @@ def route_record(
     body = render_body(call)  # once per call: every destination and every retry send these bytes
     destinations = decision.destinations
     user = call.key
-    prefix = _key_prefix
+    prefixes = _KEY_PREFIXES
     return Routed(
         call.type,
         Delivery.for_call(call, destinations[0].id, body),
-        tuple(((prefix.get(d.id) or _new_prefix(d.id)) + user, d.id) for d in destinations),
+        tuple((prefixes[d.id] + user, d.id) for d in destinations),
         call=call,
         excluded=decision.excluded,
     )
 
 
-#: ``<destinationId>/`` by destination id, the head of its records' keys (a look-up where an
-#: encode and a concatenation were, once per destination of every call), bounded like
-#: ``avro_writer.STRINGS``: destinations come from the config.
-_key_prefix: dict[str, bytes] = {}
+class _KeyPrefixes(dict[str, bytes]):
+    """``<destinationId>/`` by destination id, the head of its records' keys (a look-up where an
+    encode and a concatenation were, once per destination of every call), made on first use and
+    bounded like ``avro_writer.STRINGS``: destinations come from the config."""
+
+    def __missing__(self, destination_id: str) -> bytes:
+        if len(self) >= 10_000:
+            self.clear()
+        made = self[destination_id] = destination_id.encode() + b"/"
+        return made
 
 
-def _new_prefix(destination_id: str) -> bytes:
-    """``destination_id``'s key prefix, remembered."""
-    if len(_key_prefix) >= 10_000:
-        _key_prefix.clear()
-    made = _key_prefix[destination_id] = destination_id.encode() + b"/"
-    return made
+_KEY_PREFIXES = _KeyPrefixes()
 
 
 def delivery_key(destination_id: str, call: Call) -> bytes:
     """The Kafka key of ``call``'s delivery record for a destination (see the module's doc)."""
-    return (_key_prefix.get(destination_id) or _new_prefix(destination_id)) + call.key
+    return _KEY_PREFIXES[destination_id] + call.key
 
 
 def key_destination(key: bytes | None) -> str:
