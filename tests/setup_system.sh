@@ -7,6 +7,8 @@
 #                          throwaway server of their own (tests/pg_server.py) as user postgres
 #   chromium               the console's browser tests (Playwright drives this browser: no
 #   chromium-driver        download); chromedriver for anyone who drives it with Selenium
+#   stunnel4               a TLS-terminating proxy in front of the embedded broker (which serves
+#                          no TLS itself), for the secured-Kafka tests
 #
 # Run as root (CI is). The packages' services are never started: a policy-rc.d that refuses is in
 # place for the install (the one Docker images ship already does; otherwise one is added and removed).
@@ -24,6 +26,7 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && ! command -v in
 fi
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v stunnel4 >/dev/null 2>&1 || command -v stunnel >/dev/null 2>&1 || missing+=(stunnel4)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

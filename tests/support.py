@@ -32,7 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.config import validate_config
-from pipeline.core.settings import Settings
+from pipeline.core.settings import Settings, env_name
 from pipeline.http.ingest import IngestOptions, start_ingest
 from pipeline.kafka.clients import consumer_config, topics_for
 from pipeline.kafka.codec import Codec
@@ -67,43 +67,51 @@ def wait_until_ready(url: str, timeout: float = 30.0) -> None:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a ``pipeline`` subprocess the same settings."""
+    """The environment that gives a ``pipeline`` subprocess the same settings: every setting
+    the test gave (``model_fields_set``), none of the test runner's own ``PIPELINE_*``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    env.update(
-        PIPELINE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        PIPELINE_TOPIC_PREFIX=settings.topic_prefix,
-        PIPELINE_PARTITIONS=str(settings.partitions),
-        PIPELINE_RETRY_PARTITIONS=str(settings.retry_partitions),
-        PIPELINE_SESSION_TIMEOUT=f"{settings.session_timeout}s",
-        PIPELINE_RETRY_DELAYS=",".join(f"{d}s" for d in settings.retry_delays),
-        PIPELINE_RETRY_DEADLINE=f"{settings.retry_deadline}s",
-        PIPELINE_DELIVERY_TIMEOUT=f"{settings.delivery_timeout}s",
-        PIPELINE_ALLOWED_NETWORKS=",".join(settings.allowed_networks),
-        PIPELINE_CIRCUIT_FAILURES=str(settings.circuit_failures),
-        PIPELINE_CIRCUIT_COOL_DOWN=f"{settings.circuit_cool_down}s",
-        PIPELINE_CIRCUIT_COOL_DOWN_MAX=f"{settings.circuit_cool_down_max}s",
-        PIPELINE_MAX_IN_FLIGHT=str(settings.max_in_flight),
-        PIPELINE_MAX_CONNECTIONS_PER_HOST=str(settings.max_connections_per_host),
-        PIPELINE_TRANSACTIONS="on" if settings.transactions else "off",
-        PIPELINE_COMMIT_INTERVAL=f"{settings.commit_interval}s",
-        PIPELINE_LOG="on" if settings.log else "off",
-        PIPELINE_LOG_BODIES="on" if settings.log_bodies else "off",
-        PIPELINE_LOG_STORE_URL=settings.log_store_url,
-        PIPELINE_LOG_RETENTION=f"{settings.log_retention}s",
-    )
+    for name in sorted(settings.model_fields_set):
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            text = value.get_secret_value()
+        elif isinstance(value, bool):
+            text = "on" if value else "off"
+        elif isinstance(value, tuple):
+            text = ",".join(f"{v}s" if isinstance(v, float) else str(v) for v in value)
+        elif isinstance(value, float):
+            text = f"{value}s"
+        else:
+            text = str(value)
+        env[env_name(name)] = text
     return env
 
 
+@dataclass
+class SecuredBroker:
+    """A broker of a test's own, maybe behind a TLS proxy: where clients connect, and the
+    test CA's files."""
+
+    bootstrap_servers: str
+    certs: Any
+    broker: Any
+
+
 def run_cli(
-    settings: Settings, *args: str, input: bytes | None = None, timeout: float = 60
+    settings: Settings,
+    *args: str,
+    input: bytes | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m pipeline ARGS`` with the test's settings."""
+    """Run ``python -m pipeline ARGS`` with the test's settings (and ``env`` over them)."""
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *args],
         input=input.decode() if input is not None else None,
         capture_output=True,
         text=True,
-        env=settings_env(settings),
+        env={**settings_env(settings), **(env or {})},
         timeout=timeout,
         cwd=ROOT,
     )

@@ -6,8 +6,16 @@ import argparse
 from typing import TypeAlias
 
 from pipeline.core.settings import Settings
+from pipeline.core.settings_sources import LoadedSettings, load_settings
 
-__all__ = ["Subparsers", "common_flags", "server_flags", "metrics_port_flag", "settings_from"]
+__all__ = [
+    "Subparsers",
+    "common_flags",
+    "server_flags",
+    "metrics_port_flag",
+    "settings_from",
+    "loaded_settings_from",
+]
 
 #: What ``add_subparsers`` returns (argparse does not name the type publicly).
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -26,6 +34,12 @@ def common_flags() -> argparse.ArgumentParser:
         metavar="PREFIX",
         help="prefix of every topic and consumer group (env PIPELINE_TOPIC_PREFIX, default none)",
     )
+    common.add_argument(
+        "--settings",
+        metavar="FILE",
+        help="a settings file of PIPELINE_NAME=value lines (env PIPELINE_SETTINGS_FILE); "
+        "the environment and flags override it",
+    )
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return common
 
@@ -43,11 +57,15 @@ def metrics_port_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_env()
-    changes: dict[str, object] = {}
+def loaded_settings_from(args: argparse.Namespace) -> LoadedSettings:
+    """The settings of the environment, the settings file and the flags, with their origins."""
+    flags: dict[str, object] = {}
     if getattr(args, "bootstrap_servers", None):
-        changes["bootstrap_servers"] = args.bootstrap_servers
+        flags["bootstrap_servers"] = args.bootstrap_servers
     if getattr(args, "topic_prefix", None) is not None:
-        changes["topic_prefix"] = args.topic_prefix
-    return settings.replace(**changes) if changes else settings
+        flags["topic_prefix"] = args.topic_prefix
+    return load_settings(file=getattr(args, "settings", None), flags=flags)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return loaded_settings_from(args).settings

@@ -29,7 +29,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         )
         sync.add_argument("--json", action="store_true", help="print the summary as JSON")
         sync.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-        group.set_defaults(run=run)
+        group.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -27,6 +27,7 @@ from pipeline.commands import (
     delete_user,
     dev,
     dlq,
+    doctor,
     ingest,
     log_queries,
     receiver,
@@ -35,7 +36,8 @@ from pipeline.commands import (
     send,
     topics,
 )
-from pipeline.commands._args import common_flags, settings_from
+from pipeline.commands import settings as settings_command
+from pipeline.commands._args import common_flags, loaded_settings_from
 from pipeline.core.exceptions import (
     BrokerUnavailable,
     ConfigError,
@@ -43,6 +45,7 @@ from pipeline.core.exceptions import (
     PipelineError,
     StoreUnavailable,
 )
+from pipeline.core.settings import Settings, SettingsError
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 
 __all__ = ["main", "build_parser"]
@@ -65,6 +68,8 @@ COMMANDS = (
     console,
     ingest,
     receiver,
+    settings_command,
+    doctor,
 )
 
 
@@ -95,10 +100,18 @@ def _configure_logging(verbose: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
+    if getattr(args, "own_settings", False):
+        return int(args.run(args, None))
     try:
-        settings = settings_from(args)
+        loaded = loaded_settings_from(args)
+        for note in loaded.notes:
+            log.info("settings: %s", note)
+        settings = _fit_to_cluster(args, loaded.settings)
         code: int = args.run(args, settings)
         return code
+    except SettingsError as exc:
+        print("error: settings:", *exc.problems, sep="\n  ", file=sys.stderr)
+        return 2
     except (ConfigError, InvalidCall) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,6 +129,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _fit_to_cluster(args: argparse.Namespace, settings: Settings) -> Settings:
+    """For a command that talks to Kafka (``set_defaults(kafka=...)``): reach the cluster first,
+    so a TLS or login failure is one clear error at once, and fit the settings to it (the
+    embedded broker). ``kafka="wait"``: a cluster that does not answer within 30 s is an error;
+    ``"check"`` (servers that wait for Kafka themselves): only TLS and login failures are."""
+    wanted = getattr(args, "kafka", None)
+    if wanted is None:
+        return settings
+    from pipeline.kafka.cluster import KafkaLoginRefused, KafkaTlsFailed, fit_to_cluster, reach
+
+    try:
+        cluster = reach(settings, timeout=30.0 if wanted == "wait" else 5.0)
+    except (KafkaTlsFailed, KafkaLoginRefused):
+        raise
+    except BrokerUnavailable:
+        if wanted == "wait":
+            raise
+        return settings
+    return fit_to_cluster(settings, cluster)
 
 
 if __name__ == "__main__":  # pragma: no cover

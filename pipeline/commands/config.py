@@ -64,7 +64,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write it to FILE, readable by its owner only (mode 0600), instead of stdout",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import sys
 
@@ -39,16 +38,15 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="mark the session cookie Secure (behind a TLS-terminating proxy)",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="check")
 
 
-def console_password(host: str, environ: dict[str, str] | None = None) -> tuple[str, bool]:
-    """The password and whether it was made up here; ``ConfigError`` on a non-loopback address
-    without one."""
+def console_password(host: str, settings: Settings) -> tuple[str, bool]:
+    """The password (``PIPELINE_CONSOLE_PASSWORD``) and whether it was made up here;
+    ``ConfigError`` on a non-loopback address without one."""
     from pipeline.http.console import loopback
 
-    env = os.environ if environ is None else environ
-    password = env.get(PASSWORD_ENV, "")
+    password = settings.secret("console_password")
     if password:
         return password, False
     if not loopback(host):
@@ -62,7 +60,7 @@ def console_password(host: str, environ: dict[str, str] | None = None) -> tuple[
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    password, made_up = console_password(args.host)
+    password, made_up = console_password(args.host, settings)
     asyncio.run(_serve(settings, args.host, args.port, password, made_up, args.secure_cookie))
     return 0
 

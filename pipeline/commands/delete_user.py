@@ -20,7 +20,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--force", action="store_true", help="notify already notified sources again"
     )
     parser.add_argument("--status", action="store_true", help="show what the requests sent")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 import time
@@ -28,7 +27,8 @@ from pipeline.core.settings import Settings
 from pipeline.http.ingest import start_ingest
 from pipeline.http.receiver import ReceivedCall, describe, make_receiver_app
 from pipeline.kafka.broker import EmbeddedBroker
-from pipeline.kafka.clients import create_topics, wait_for_broker
+from pipeline.kafka.clients import create_topics
+from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import apply_config, load_table
 from pipeline.ops.send import send_lines
 from pipeline.roles.worker import run_roles
@@ -140,7 +140,8 @@ async def _dev(
     console: web.AppRunner | None = None
     worker: asyncio.Task[None] | None = None
     try:
-        await asyncio.to_thread(wait_for_broker, settings)
+        cluster = await asyncio.to_thread(reach, settings)
+        settings = fit_to_cluster(settings, cluster)
         created = await asyncio.to_thread(create_topics, settings)
         _say(f"▸ created {len(created)} topics")
 
@@ -235,7 +236,7 @@ async def _start_console(settings: Settings, port: int) -> tuple[web.AppRunner, 
     from pipeline.commands.console import PASSWORD_ENV, console_password
     from pipeline.http.console import make_console_app
 
-    password, made_up = console_password("127.0.0.1")
+    password, made_up = console_password("127.0.0.1", settings)
     runner = web.AppRunner(make_console_app(settings, password=password), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -293,12 +294,8 @@ def run_dev(
     console_port: int = 8070,
 ) -> None:
     settings = settings.replace(
-        session_timeout=settings.session_timeout or 6.0,
         # The demo receiver is on loopback, which the SSRF guard blocks by default.
         allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
-        # The embedded broker's transactions can leave a committed transaction unreadable for
-        # read_committed consumers (docs/decisions.md): off here unless asked for.
-        transactions=settings.transactions and "PIPELINE_TRANSACTIONS" in os.environ,
     )
     tune_for_throughput()
     asyncio.run(

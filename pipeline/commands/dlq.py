@@ -23,7 +23,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
             p.add_argument("--json", action="store_true", help="JSON lines output")
         else:
             p.add_argument("--dry-run", action="store_true", help="show what would be replayed")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

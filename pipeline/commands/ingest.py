@@ -26,16 +26,16 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="answer 503 when Kafka has not acknowledged within this (env "
         "PIPELINE_INGEST_ACK_TIMEOUT, default 10s)",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="check")
 
 
-def options_from(args: argparse.Namespace) -> IngestOptions:
-    """The environment's options, with ``--ack-timeout`` over the environment's (and nothing else
-    of the environment lost, such as ``PIPELINE_ADMIN_TOKEN``)."""
+def options_from(args: argparse.Namespace, settings: Settings) -> IngestOptions:
+    """The settings' options, with ``--ack-timeout`` over ``PIPELINE_INGEST_ACK_TIMEOUT`` (and
+    nothing else of the settings lost, such as ``PIPELINE_ADMIN_TOKEN``)."""
     from pipeline.core.durations import parse_duration
     from pipeline.http.ingest import IngestOptions
 
-    options = IngestOptions.from_env()
+    options = IngestOptions.from_settings(settings)
     if args.ack_timeout:
         timeout = parse_duration(args.ack_timeout, name="--ack-timeout")
         options = dataclasses.replace(options, ack_timeout=timeout)
@@ -45,5 +45,7 @@ def options_from(args: argparse.Namespace) -> IngestOptions:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.http.ingest import run_ingest
 
-    run_ingest(settings, args.host, args.port, options_from(args), access_log=args.verbose)
+    run_ingest(
+        settings, args.host, args.port, options_from(args, settings), access_log=args.verbose
+    )
     return 0

@@ -59,7 +59,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send calls that an earlier replay already sent to this destination without asking",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

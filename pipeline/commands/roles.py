@@ -40,7 +40,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="do not start a log-store beside the worker (it runs elsewhere)",
             )
-        parser.set_defaults(run=run)
+        parser.set_defaults(run=run, kafka="check")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

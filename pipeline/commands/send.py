@@ -20,7 +20,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     who.add_argument("--write-key", help="write key of the source (a line's own writeKey wins)")
     who.add_argument("--source", help="source id, instead of a write key")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, kafka="wait")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,191 +1,318 @@
-"""Settings: every knob in one place, with its default, read from the environment.
+"""Settings: every ``PIPELINE_*`` knob in one typed model, with its default.
 
-Command-line flags override the environment; the environment overrides the defaults here.
+``Settings(...)`` is exactly what it is given, over the defaults here (code and tests build it
+so). ``load_settings()`` reads the environment and the optional settings file
+(``PIPELINE_SETTINGS_FILE``, the same ``PIPELINE_NAME=value`` lines), and says where each value
+came from; command-line flags override the environment, the environment overrides the file,
+the file the defaults. The names: ``PIPELINE_`` and the field's name in capitals.
 
     >>> Settings.from_env({"PIPELINE_RETRY_DELAYS": "1s,2s"}).retry_delays
     (1.0, 2.0)
+    >>> Settings(admin_token="s3cret").admin_token
+    SecretStr('**********')
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pipeline.core.durations import parse_duration, parse_duration_list
+from pydantic import BeforeValidator, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-__all__ = ["Settings", "default_log_store_url"]
+from pipeline.core.durations import DURATION_HINT, duration_seconds
+from pipeline.core.kafka_properties import (
+    OVERRIDES,
+    REGISTRY_KEYS,
+    ClientProperties,
+    KafkaPropertiesError,
+    Sourced,
+    read_properties,
+)
 
-#: The environment variable of each range-checked setting, for error messages.
-_ENV_NAMES = {
-    "partitions": "PIPELINE_PARTITIONS",
-    "retry_partitions": "PIPELINE_RETRY_PARTITIONS",
-    "replication_factor": "PIPELINE_REPLICATION_FACTOR",
-    "max_in_flight": "PIPELINE_MAX_IN_FLIGHT",
-    "max_connections_per_host": "PIPELINE_MAX_CONNECTIONS_PER_HOST",
-    "circuit_failures": "PIPELINE_CIRCUIT_FAILURES",
-    "commit_interval": "PIPELINE_COMMIT_INTERVAL",
-    "log_retention": "PIPELINE_LOG_RETENTION",
-    "calls_retention": "PIPELINE_CALLS_RETENTION",
-    "metrics_max_destinations": "PIPELINE_METRICS_MAX_DESTINATIONS",
-}
+__all__ = ["Settings", "SettingsError", "default_log_store_url", "env_name", "SECRET_FIELDS"]
 
-#: The words an on/off setting accepts.
-_FLAGS = {
-    **dict.fromkeys(("on", "true", "yes", "1"), True),
-    **dict.fromkeys(("off", "false", "no", "0"), False),
-}
+PREFIX = "PIPELINE_"
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
+class SettingsError(ValueError):
+    """Settings that cannot work; each problem names the variable (and the file or flag it came
+    from), the bad value and what is allowed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems) if len(problems) > 1 else problems[0])
+        self.problems = problems
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``retry_delays`` → ``PIPELINE_RETRY_DELAYS``."""
+    return PREFIX + field.upper()
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        parsed = duration_seconds(str(value))
+        if parsed is None:
+            raise ValueError(f"{value!r} is not a duration; {DURATION_HINT}")
+        seconds = parsed
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be greater than zero")
+    return seconds
+
+
+def _optional_seconds(value: Any) -> float | None:
+    return None if value is None or value == "" else _seconds(value)
+
+
+def _seconds_list(value: Any) -> tuple[float, ...]:
+    parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
+    if not parts:
+        raise ValueError("is empty; give at least one duration, e.g. 10s,1m,5m")
+    return tuple(_seconds(part) for part in parts)
+
+
+def _words(value: Any) -> tuple[str, ...]:
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(part).strip() for part in parts if str(part).strip())
+
+
+def _networks(value: Any) -> tuple[str, ...]:
+    from pipeline.core.address_policy import AddressPolicy
+
+    words = _words(value)
+    AddressPolicy.parse(words)  # ValueError naming a bad entry
+    return words
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"{value!r} is not a whole number")
+
+
+def _upper(value: Any) -> Any:
+    return value.strip().upper() if isinstance(value, str) else value
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+OptionalSeconds = Annotated[float | None, BeforeValidator(_optional_seconds)]
+SecondsList = Annotated[tuple[float, ...], NoDecode, BeforeValidator(_seconds_list)]
+Networks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_networks)]
+AtLeastOne = Annotated[int, BeforeValidator(_whole), Field(ge=1)]
+AtLeastAMinute = Annotated[float, BeforeValidator(_seconds), Field(ge=60)]
+Upper = Annotated[str | None, BeforeValidator(_upper)]
+
+#: Settings whose values are secrets: masked wherever they are shown.
+SECRET_FIELDS = frozenset(
+    {
+        "kafka_sasl_password",
+        "kafka_ssl_key_password",
+        "kafka_sasl_oauthbearer_client_secret",
+        "schema_registry_basic_auth",
+        "admin_token",
+        "console_password",
+    }
+)
+
+
+class Settings(BaseSettings):
+    """The pipeline's settings. Frozen; ``replace(**changes)`` makes a checked copy."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, frozen=True, extra="forbid", validate_default=False
+    )
+
+    # ---- Kafka ----
     bootstrap_servers: str = "127.0.0.1:9092"
     topic_prefix: str = ""
+    #: A Kafka client properties file (``client.properties``): security, SASL, TLS, tuning.
+    kafka_config: str | None = None
+    #: Overrides of single properties of that file (``PIPELINE_KAFKA_<PROPERTY>``).
+    kafka_security_protocol: Upper = None
+    kafka_sasl_mechanism: Upper = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_certificate_location: str | None = None
+    kafka_ssl_key_location: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_ssl_endpoint_identification_algorithm: str | None = None
+    kafka_sasl_oauthbearer_method: str | None = None
+    kafka_sasl_oauthbearer_client_id: str | None = None
+    kafka_sasl_oauthbearer_client_secret: SecretStr | None = None
+    kafka_sasl_oauthbearer_token_endpoint_url: str | None = None
+    kafka_sasl_oauthbearer_scope: str | None = None
+    kafka_sasl_oauthbearer_extensions: str | None = None
     #: Partitions of ``calls`` and ``deliveries.webhooks``: the unit of parallelism.
-    partitions: int = 6
+    partitions: AtLeastOne = 6
     #: Partitions of each retry tier topic.
-    retry_partitions: int = 3
-    replication_factor: int = 1
-    #: Delay of each retry tier in seconds; the last one repeats until the deadline.
-    retry_delays: tuple[float, ...] = (10.0, 60.0, 300.0, 1800.0, 3600.0)
-    #: Deadline of a delivery, counted from its first attempt.
-    retry_deadline: float = 4 * 3600.0
-    #: How long a receiver has to answer (seed §4.1: 5 seconds).
-    delivery_timeout: float = 5.0
-    #: Consumer ``session.timeout.ms``; ``None`` keeps the client default (45 s).
-    #: The embedded broker's JoinGroup waits half of it, so dev and tests use 6 s.
-    session_timeout: float | None = None
-    #: Records a delivery worker works on at once, over all destinations.
-    max_in_flight: int = 1000
-    #: Connections a delivery worker opens to one host at most.
-    max_connections_per_host: int = 100
-    #: Park records whose destination cannot take them (circuits open, ``max_in_flight``
-    #: taken) in a retry tier, undecoded, instead of attempting them (off: the old behaviour).
-    parking: bool = True
-    #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
-    metrics_max_destinations: int = 1000
-    schema_registry_url: str | None = None
-    #: CIDRs deliveries may reach although the SSRF guard blocks them (e.g. ``127.0.0.0/8``).
-    allowed_networks: tuple[str, ...] = ()
-    #: Retryable failures in a row that open an endpoint's circuit breaker.
-    circuit_failures: int = 5
-    #: Seconds an open circuit waits before letting one probe through.
-    circuit_cool_down: float = 30.0
-    #: Each failed probe in a row doubles that wait, up to this (at most ``circuit_cool_down``:
-    #: it never grows): a long-dead endpoint is probed, and its parked records moved, that much
-    #: less often.
-    circuit_cool_down_max: float = 300.0
+    retry_partitions: AtLeastOne = 3
+    replication_factor: AtLeastOne = 1
+    #: Consumer ``session.timeout.ms``; ``None`` keeps the client default (45 s), or 6 s on the
+    #: embedded broker, whose JoinGroup waits half of it.
+    session_timeout: OptionalSeconds = None
     #: The router hands off in Kafka transactions (consume, produce and commit at once). Off
-    #: only for Kafka-compatible brokers without transactions; a crashed router then routes
+    #: by itself on the embedded broker, whose transactions stall; a crashed router then routes
     #: again what it routed since its last commit.
     transactions: bool = True
     #: How often the deliver and retry roles commit their finished position: a crash delivers
     #: again what was in flight plus at most what finished within one interval.
-    commit_interval: float = 0.1
+    commit_interval: Seconds = 0.1
+    # ---- Schema Registry ----
+    schema_registry_url: str | None = None
+    #: ``user:password`` (Confluent's ``basic.auth.user.info``).
+    schema_registry_basic_auth: SecretStr | None = None
+    schema_registry_ssl_ca_location: str | None = None
+    schema_registry_ssl_certificate_location: str | None = None
+    schema_registry_ssl_key_location: str | None = None
+    # ---- Delivery ----
+    #: Delay of each retry tier in seconds; the last one repeats until the deadline.
+    retry_delays: SecondsList = (10.0, 60.0, 300.0, 1800.0, 3600.0)
+    #: Deadline of a delivery, counted from its first attempt.
+    retry_deadline: Seconds = 4 * 3600.0
+    #: How long a receiver has to answer (seed §4.1: 5 seconds).
+    delivery_timeout: Seconds = 5.0
+    #: Records a delivery worker works on at once, over all destinations.
+    max_in_flight: AtLeastOne = 1000
+    #: Connections a delivery worker opens to one host at most.
+    max_connections_per_host: AtLeastOne = 100
+    #: Park records whose destination cannot take them (circuits open, ``max_in_flight``
+    #: taken) in a retry tier, undecoded, instead of attempting them.
+    parking: bool = True
+    #: CIDRs deliveries may reach although the SSRF guard blocks them (e.g. ``127.0.0.0/8``).
+    allowed_networks: Networks = ()
+    #: Retryable failures in a row that open an endpoint's circuit breaker.
+    circuit_failures: AtLeastOne = 5
+    #: Seconds an open circuit waits before letting one probe through.
+    circuit_cool_down: Seconds = 30.0
+    #: Each failed probe in a row doubles that wait, up to this.
+    circuit_cool_down_max: Seconds = 300.0
+    # ---- Observability ----
+    #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
+    metrics_max_destinations: AtLeastOne = 1000
     #: Record every decision about a call on ``deliveries.log`` (the delivery log).
     log: bool = True
     #: Also record each call's JSON in its ``received`` entry (it holds personal data).
     log_bodies: bool = False
-    #: Where ``pipeline log-store`` keeps the log and ``trace``/``log``/``stats`` read it:
-    #: ``sqlite:///PATH`` (the embedded default, ``default_log_store_url``) or
-    #: ``postgresql://...``.
+    #: Where ``pipeline log-store`` keeps the log: ``sqlite:///PATH`` (the embedded default,
+    #: ``default_log_store_url``) or ``postgresql://...``.
     log_store_url: str = ""
     #: How long the delivery log is kept, in the store and on ``deliveries.log``.
-    log_retention: float = 7 * 86400.0
+    log_retention: AtLeastAMinute = 7 * 86400.0
     #: How long ``calls`` keeps what was sent: the window ``pipeline replay`` can send again.
-    calls_retention: float = 7 * 86400.0
+    calls_retention: AtLeastAMinute = 7 * 86400.0
+    # ---- Ingestion API and console ----
+    #: How long an ingestion request waits for Kafka's acknowledgement before it is answered 503.
+    ingest_ack_timeout: Seconds = 10.0
+    #: Bearer token of the ingestion API's admin endpoints (``/admin/...``); unset: they are off.
+    admin_token: SecretStr | None = None
+    #: The web console's password; unset: loopback only, with a password made up at start.
+    console_password: SecretStr | None = None
+
+    _client: ClientProperties = PrivateAttr(default_factory=ClientProperties)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # What it is given, nothing else: the environment and the file are read by
+        # ``load_settings``, which also knows where each value came from.
+        return (init_settings,)
+
+    def __init__(self, **values: Any) -> None:
+        # A properties file may name the cluster and the Schema Registry too (Confluent's
+        # does): those fill the settings not given otherwise.
+        file: dict[str, Sourced] = {}
+        if values.get("kafka_config"):
+            try:
+                file = read_properties(values["kafka_config"])
+            except KafkaPropertiesError as exc:
+                raise SettingsError(exc.problems) from None
+            for key, item in file.items():
+                if key in REGISTRY_KEYS:
+                    values.setdefault(REGISTRY_KEYS[key], item.value)
+                elif key in ("bootstrap.servers", "metadata.broker.list"):
+                    values.setdefault("bootstrap_servers", item.value)
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(describe_errors(exc, {})) from None
+        overrides = {}
+        for name, prop in OVERRIDES.items():
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if value:
+                overrides[prop] = value
+        try:
+            self._client = ClientProperties.build(file, overrides)
+        except KafkaPropertiesError as exc:
+            raise SettingsError(exc.problems) from None
+
+    @property
+    def kafka_client(self) -> ClientProperties:
+        """The user's librdkafka properties (file and overrides), checked, by client kind."""
+        return self._client
+
+    def replace(self, **changes: Any) -> Settings:
+        """A checked copy with ``changes``; what was given stays given (``model_fields_set``)."""
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        return type(self)(**{**given, **changes})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        """The settings of ``environ`` (default ``os.environ``) and its settings file."""
+        from pipeline.core.settings_sources import load_settings
 
-        def text(name: str, field: str) -> None:
-            if env.get(name):
-                values[field] = env[name]
+        return load_settings(environ).settings
 
-        def integer(name: str, field: str) -> None:
-            if env.get(name):
-                try:
-                    values[field] = int(env[name])
-                except ValueError:
-                    raise ValueError(f"{name}: {env[name]!r} is not a whole number") from None
+    def secret(self, name: str) -> str | None:
+        """The plain value of secret setting ``name`` (``None`` when unset)."""
+        value = getattr(self, name)
+        return None if value is None else str(value.get_secret_value())
 
-        def flag(name: str, field: str) -> None:
-            if env.get(name):
-                word = env[name].strip().lower()
-                if word not in _FLAGS:
-                    raise ValueError(f"{name}: {env[name]!r} is not on or off")
-                values[field] = _FLAGS[word]
 
-        def seconds(name: str, field: str) -> None:
-            if env.get(name):
-                values[field] = parse_duration(env[name], name=name)
-
-        text("PIPELINE_BOOTSTRAP_SERVERS", "bootstrap_servers")
-        text("PIPELINE_TOPIC_PREFIX", "topic_prefix")
-        text("PIPELINE_SCHEMA_REGISTRY_URL", "schema_registry_url")
-        integer("PIPELINE_PARTITIONS", "partitions")
-        integer("PIPELINE_RETRY_PARTITIONS", "retry_partitions")
-        integer("PIPELINE_REPLICATION_FACTOR", "replication_factor")
-        integer("PIPELINE_MAX_IN_FLIGHT", "max_in_flight")
-        integer("PIPELINE_MAX_CONNECTIONS_PER_HOST", "max_connections_per_host")
-        integer("PIPELINE_METRICS_MAX_DESTINATIONS", "metrics_max_destinations")
-        seconds("PIPELINE_RETRY_DEADLINE", "retry_deadline")
-        seconds("PIPELINE_DELIVERY_TIMEOUT", "delivery_timeout")
-        seconds("PIPELINE_SESSION_TIMEOUT", "session_timeout")
-        integer("PIPELINE_CIRCUIT_FAILURES", "circuit_failures")
-        seconds("PIPELINE_CIRCUIT_COOL_DOWN", "circuit_cool_down")
-        seconds("PIPELINE_CIRCUIT_COOL_DOWN_MAX", "circuit_cool_down_max")
-        flag("PIPELINE_TRANSACTIONS", "transactions")
-        seconds("PIPELINE_COMMIT_INTERVAL", "commit_interval")
-        flag("PIPELINE_PARKING", "parking")
-        flag("PIPELINE_LOG", "log")
-        flag("PIPELINE_LOG_BODIES", "log_bodies")
-        text("PIPELINE_LOG_STORE_URL", "log_store_url")
-        seconds("PIPELINE_LOG_RETENTION", "log_retention")
-        seconds("PIPELINE_CALLS_RETENTION", "calls_retention")
-        if env.get("PIPELINE_ALLOWED_NETWORKS"):
-            values["allowed_networks"] = tuple(
-                part.strip() for part in env["PIPELINE_ALLOWED_NETWORKS"].split(",") if part.strip()
-            )
-        if env.get("PIPELINE_RETRY_DELAYS"):
-            values["retry_delays"] = parse_duration_list(
-                env["PIPELINE_RETRY_DELAYS"], name="PIPELINE_RETRY_DELAYS"
-            )
-        try:
-            return cls(**values).validated()  # type: ignore[arg-type]
-        except ValueError as exc:
-            field = str(exc).split(":", 1)[0]
-            raise ValueError(f"{_ENV_NAMES.get(field, field)}{str(exc)[len(field) :]}") from None
-
-    def replace(self, **changes: object) -> Settings:
-        return dataclasses.replace(self, **changes).validated()  # type: ignore[arg-type]
-
-    def validated(self) -> Settings:
-        for field in (
-            "partitions",
-            "retry_partitions",
-            "replication_factor",
-            "max_in_flight",
-            "max_connections_per_host",
-            "circuit_failures",
-            "metrics_max_destinations",
-        ):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field}: must be at least 1, got {getattr(self, field)}")
-        for field in ("log_retention", "calls_retention"):
-            if getattr(self, field) < 60:
-                raise ValueError(f"{field}: must be at least 1m, got {getattr(self, field):g} s")
-        if self.commit_interval <= 0:
-            raise ValueError(f"commit_interval: must be above 0, got {self.commit_interval:g} s")
-        if not self.retry_delays:
-            raise ValueError("retry_delays: give at least one delay")
-        from pipeline.core.address_policy import AddressPolicy
-
-        AddressPolicy.parse(self.allowed_networks)  # raises ValueError naming a bad entry
-        return self
+def describe_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
+    """One line per problem: the variable, where it came from, the bad value, what is allowed."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = env_name(field)
+        where = name
+        if origins.get(field, "environment") not in ("environment", "default"):
+            where += f" (from {origins[field]})"
+        value = error.get("input")
+        kind = error["type"]
+        context = error.get("ctx") or {}
+        if kind == "value_error":
+            message = str(context.get("error", error["msg"])).removeprefix(f"{name}: ")
+            if isinstance(value, str) and "'" not in message:
+                message = f"{value!r} {message}"
+        elif kind in ("int_parsing", "int_type", "int_from_float"):
+            message = f"{value!r} is not a whole number"
+        elif kind in ("bool_parsing", "bool_type"):
+            message = f"{value!r} is not on or off (on, off, true, false, yes, no, 1, 0)"
+        elif kind == "greater_than_equal":
+            least = "1m" if field in ("log_retention", "calls_retention") else context.get("ge")
+            message = f"must be at least {least}, got {value!r}"
+        elif kind == "extra_forbidden":
+            message = "is not a setting"
+        else:
+            message = f"{value!r}: {error['msg']}"
+        lines.append(f"{where}: {message}")
+    return lines
 
 
 def default_log_store_url(settings: Settings, home: Mapping[str, str] | None = None) -> str:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import zlib
 from collections.abc import AsyncIterator, Mapping
@@ -48,7 +47,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.core.calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType
 from pipeline.core.config import ConfigTable
-from pipeline.core.durations import parse_duration
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.records import call_to_record
 from pipeline.core.segment_request import (
@@ -65,7 +63,8 @@ from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.http.admin import AdminEndpoints
 from pipeline.http.errors import error_response
-from pipeline.kafka.clients import make_producer, topics_for, wait_for_broker
+from pipeline.kafka.clients import make_producer, topics_for
+from pipeline.kafka.cluster import reach
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.producer import AsyncProducer, Outgoing
@@ -115,14 +114,10 @@ class IngestOptions:
     admin_token: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> IngestOptions:
-        env = os.environ if environ is None else environ
-        text = env.get("PIPELINE_INGEST_ACK_TIMEOUT")
-        token = env.get("PIPELINE_ADMIN_TOKEN") or None
-        if not text:
-            return cls(admin_token=token)
+    def from_settings(cls, settings: Settings) -> IngestOptions:
+        """The options of ``PIPELINE_INGEST_ACK_TIMEOUT`` and ``PIPELINE_ADMIN_TOKEN``."""
         return cls(
-            ack_timeout=parse_duration(text, name="PIPELINE_INGEST_ACK_TIMEOUT"), admin_token=token
+            ack_timeout=settings.ingest_ack_timeout, admin_token=settings.secret("admin_token")
         )
 
 
@@ -235,7 +230,7 @@ class _IngestService:
         # while /health answers and /ready and /v1/* say 503.
         while True:
             try:
-                await asyncio.to_thread(wait_for_broker, self.settings, 10.0)
+                await asyncio.to_thread(reach, self.settings, 10.0)
                 break
             except BrokerUnavailable as exc:
                 log.warning("waiting for Kafka: %s", exc)
@@ -476,7 +471,7 @@ def run_ingest(
     access_log: bool = False,
 ) -> None:
     """The entry point of ``pipeline ingest``: serve until SIGINT/SIGTERM, then finish requests."""
-    options = options or IngestOptions.from_env()
+    options = options or IngestOptions.from_settings(settings)
     log.info(
         "ingestion API on http://%s:%d (Kafka %s, ack timeout %g s)",
         host,

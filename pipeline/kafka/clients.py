@@ -19,7 +19,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
-from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
@@ -27,10 +26,10 @@ from pipeline.core.topics import Topics
 __all__ = [
     "producer_config",
     "consumer_config",
+    "admin_config",
     "make_producer",
     "create_topics",
     "topic_specs",
-    "wait_for_broker",
     "topics_for",
 ]
 
@@ -49,6 +48,9 @@ def _log_error(error: KafkaError) -> None:
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """A producer's librdkafka config: the pipeline's defaults, the user's properties
+    (``PIPELINE_KAFKA_CONFIG`` and overrides: security, tuning), then ``overrides``."""
+    user = settings.kafka_client
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "enable.idempotence": True,
@@ -59,12 +61,17 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "queue.buffering.max.kbytes": 1048576,
         "error_cb": _log_error,
         "logger": rdkafka_log,
+        **user.common,
+        **user.producer,
     }
     config.update(overrides)
     return config
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A consumer's librdkafka config, built as ``producer_config``'s; ``PIPELINE_SESSION_TIMEOUT``
+    wins over a ``session.timeout.ms`` of the properties file."""
+    user = settings.kafka_client
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "group.id": group_id,
@@ -77,6 +84,8 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         "fetch.queue.backoff.ms": 50,
         "error_cb": _log_error,
         "logger": rdkafka_log,
+        **user.common,
+        **user.consumer,
     }
     if settings.session_timeout is not None:
         config["session.timeout.ms"] = int(settings.session_timeout * 1000)
@@ -85,11 +94,13 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     return config
 
 
-def _admin_config(settings: Settings, error_cb: Any) -> dict[str, Any]:
+def admin_config(settings: Settings, error_cb: Any = None) -> dict[str, Any]:
+    """An admin client's librdkafka config: the cluster, the user's common properties."""
     return {
         "bootstrap.servers": settings.bootstrap_servers,
-        "error_cb": error_cb,
+        "error_cb": error_cb or _log_error,
         "logger": rdkafka_log,
+        **settings.kafka_client.common,
     }
 
 
@@ -139,7 +150,7 @@ def create_topics(
     Idempotent: a topic that exists is left as it is (its partition count is reported when it
     differs, never changed).
     """
-    admin = AdminClient(_admin_config(settings, _log_error))
+    admin = AdminClient(admin_config(settings, _log_error))
     wanted = list(specs) if specs is not None else topic_specs(settings)
     result: dict[str, str] = {}
     futures = admin.create_topics(wanted, operation_timeout=timeout, request_timeout=timeout)
@@ -205,20 +216,4 @@ def _apply_configs(admin: AdminClient, topic: str, wanted: dict[str, str], timeo
     return ", ".join(
         f"{name} {current[name].value if name in current else 'unset'} -> {value}"
         for name, value in changes.items()
-    )
-
-
-def wait_for_broker(settings: Settings, timeout: float = 30.0) -> None:
-    """Return once the cluster answers a metadata request; ``BrokerUnavailable`` after timeout."""
-    deadline = Deadline.after(timeout)
-    admin = AdminClient(_admin_config(settings, lambda _error: None))
-    last = ""
-    while not deadline.expired():
-        try:
-            admin.list_topics(timeout=deadline.capped(2.0, floor=0.1))
-            return
-        except KafkaException as exc:
-            last = str(exc)
-    raise BrokerUnavailable(
-        f"no Kafka broker answered at {settings.bootstrap_servers} within {timeout:.0f} s {last}"
     )

@@ -48,6 +48,7 @@ __all__ = [
     "RegistryCodec",
     "SchemaRegistryUnavailable",
     "make_codec",
+    "registry_client_config",
     "registry_schemas",
     "CONFLUENT_MAGIC",
 ]
@@ -66,15 +67,34 @@ class SchemaRegistryUnavailable(PipelineError):
 
 def make_codec(settings: Settings) -> Codec | RegistryCodec:
     """The codec ``settings`` ask for: Confluent wire format with a registry URL, else
-    Avro single-object encoding (``Codec.default()``). One codec per registry URL and process."""
+    Avro single-object encoding (``Codec.default()``). One codec per registry (URL and
+    credentials) and process."""
     if settings.schema_registry_url:
-        return _registry_codec(settings.schema_registry_url)
+        conf = registry_client_config(settings)
+        return _registry_codec(settings.schema_registry_url, tuple(sorted(conf.items())))
     return Codec.default()
 
 
+def registry_client_config(settings: Settings) -> dict[str, str]:
+    """The Schema Registry client's config beside its URL: basic auth
+    (``PIPELINE_SCHEMA_REGISTRY_BASIC_AUTH``, ``user:password``) and TLS files."""
+    conf = {}
+    auth = settings.secret("schema_registry_basic_auth")
+    if auth:
+        conf["basic.auth.user.info"] = auth
+    for key, value in (
+        ("ssl.ca.location", settings.schema_registry_ssl_ca_location),
+        ("ssl.certificate.location", settings.schema_registry_ssl_certificate_location),
+        ("ssl.key.location", settings.schema_registry_ssl_key_location),
+    ):
+        if value:
+            conf[key] = value
+    return conf
+
+
 @functools.cache
-def _registry_codec(url: str) -> RegistryCodec:
-    return RegistryCodec(url)
+def _registry_codec(url: str, conf: tuple[tuple[str, str], ...]) -> RegistryCodec:
+    return RegistryCodec(url, conf=dict(conf))
 
 
 # ---- self-contained schemas --------------------------------------------------------------------

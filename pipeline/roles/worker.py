@@ -13,6 +13,7 @@ from functools import partial
 from pipeline.core.settings import Settings
 from pipeline.http.sender import WebhookSender
 from pipeline.kafka.clients import topics_for
+from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop
 from pipeline.kafka.deletions import DeletionFollower
@@ -48,8 +49,14 @@ async def run_roles(
     *,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Run ``roles`` until ``stop`` is set; then drain in-flight work, commit, and return."""
+    """Run ``roles`` until ``stop`` is set; then drain in-flight work, commit, and return.
+
+    The cluster is reached first (a TLS or login failure ends it at once), and the settings
+    fitted to it: on the embedded broker, no router transactions and a short session timeout.
+    """
     roles = [r for r in ROLES if r in set(roles)]
+    cluster = await asyncio.to_thread(reach, settings, 60.0)
+    settings = fit_to_cluster(settings, cluster)
     topics = topics_for(settings)
     codec = make_codec(settings)
     follower = ConfigFollower(settings, codec=codec).start()

@@ -20,6 +20,7 @@ from pipeline.core.settings import Settings
 from pipeline.http.ingest import IngestOptions
 from pipeline.kafka.broker import EmbeddedBroker
 from pipeline.kafka.clients import create_topics
+from pipeline.runtime.net import free_port
 from tests.support import (
     ROOT,
     CallsTopic,
@@ -27,11 +28,13 @@ from tests.support import (
     InProcessWorker,
     Receiver,
     Request,
+    SecuredBroker,
     ServerThread,
     apply,
     ingest_config,
     settings_env,
 )
+from tests.tls_proxy import Certificates, TlsProxy
 
 
 @pytest.fixture(scope="session")
@@ -250,3 +253,42 @@ def postgres_url(postgres_server: Any) -> Iterator[str]:
     name = f"t{uuid.uuid4().hex[:12]}"
     yield postgres_server.create_database(name)
     postgres_server.drop_database(name)
+
+
+# ---- secured Kafka: the embedded broker behind a TLS proxy, or with SASL required ----
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return Certificates.make(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def secured_broker_factory(
+    certificates: Certificates, tmp_path: Path
+) -> Iterator[Callable[..., SecuredBroker]]:
+    """Brokers of the test's own: ``tls`` puts stunnel in front (the broker advertises the
+    proxy's port, so every client talks TLS), ``client_cert`` makes the proxy require a client
+    certificate of the test CA, ``authentication`` makes the broker require SASL (SCRAM; this
+    build knows no user, so every login is refused)."""
+    started: list[Any] = []
+
+    def make(
+        *, tls: bool = True, client_cert: bool = False, authentication: bool = False
+    ) -> SecuredBroker:
+        tls_port = free_port() if tls else None
+        broker = EmbeddedBroker(
+            port=0, advertised_port=tls_port, authentication=authentication
+        ).start()
+        started.append(broker)
+        if tls_port is None:
+            return SecuredBroker(broker.bootstrap_servers, certificates, broker)
+        proxy = TlsProxy(
+            tls_port, broker.port, certificates, require_client_cert=client_cert, folder=tmp_path
+        ).start()
+        started.append(proxy)
+        return SecuredBroker(f"127.0.0.1:{tls_port}", certificates, broker)
+
+    yield make
+    for process in reversed(started):
+        process.stop()

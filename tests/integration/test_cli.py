@@ -17,7 +17,7 @@ from tests.support import ROOT, run_cli, wait_for
 
 def test_topics_create_is_idempotent(settings):
     prefix = settings.topic_prefix
-    fresh = settings.__class__(**{**_fields(settings), "topic_prefix": prefix + "again."})
+    fresh = settings.replace(topic_prefix=prefix + "again.")
     first = run_cli(fresh, "topics", "create")
     assert first.returncode == 0, first.stderr
     lines = dict(line.split(None, 1) for line in first.stdout.splitlines())
@@ -39,10 +39,6 @@ def test_topics_create_is_idempotent(settings):
     assert all(line.endswith("exists") for line in second.stdout.splitlines())
 
 
-def _fields(settings) -> dict:
-    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
-
-
 def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
     port = free_port()
     process = subprocess.Popen(
@@ -53,7 +49,7 @@ def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
     )
     try:
         wait_for(lambda: port_open("127.0.0.1", port), timeout=20)
-        own = settings.__class__(**{**_fields(settings), "bootstrap_servers": f"127.0.0.1:{port}"})
+        own = settings.replace(bootstrap_servers=f"127.0.0.1:{port}")
         created = run_cli(own, "topics", "create")
         assert created.returncode == 0, created.stderr
         assert "created" in created.stdout

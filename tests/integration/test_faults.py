@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import threading
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 
@@ -39,7 +38,7 @@ def test_sigkill_of_the_retry_worker_while_records_wait_in_a_tier(
     # opens either: one can (the calls reach a worker in two batches, five 503s come back between
     # them), and the rest then go one probe a cool-down; a clean-clone run once timed out
     # waiting for the 60 requests that way. This test is about the tier, not the breaker.
-    settings = replace(settings, retry_deadline=60.0, circuit_failures=1000)
+    settings = settings.replace(retry_deadline=60.0, circuit_failures=1000)
     receiver = receiver_factory(200)
     receiver.responses = [503] * 60  # every first attempt fails: all 60 go to tier 0
     apply(settings, simple_config(receiver.url))
@@ -60,7 +59,7 @@ def test_sigkill_of_the_retry_worker_while_records_wait_in_a_tier(
 
 def test_a_flapping_receiver_gets_every_call(settings, receiver_factory, worker_factory):
     # Alternating answers halve the failures per round; 8 s would dead-letter the unlucky few.
-    settings = replace(settings, retry_deadline=60.0)
+    settings = settings.replace(retry_deadline=60.0)
     receiver = receiver_factory(200)
     receiver.responses = [200, 503] * 100
     apply(settings, simple_config(receiver.url))
@@ -84,7 +83,7 @@ def own_broker():
 def test_broker_stopped_for_15_seconds_loses_nothing(
     settings, own_broker, receiver_factory, worker_factory
 ):
-    settings = replace(settings, bootstrap_servers=own_broker.bootstrap_servers)
+    settings = settings.replace(bootstrap_servers=own_broker.bootstrap_servers)
     create_topics(settings)
     receiver = receiver_factory(200)
     apply(settings, simple_config(receiver.url))

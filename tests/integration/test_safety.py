@@ -11,7 +11,6 @@ import hmac
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import orjson
 
@@ -34,7 +33,7 @@ def test_loopback_is_blocked_by_default_and_delivered_when_allowed(
     settings, receiver_factory, worker_factory
 ):
     receiver = receiver_factory()
-    guarded = replace(settings, allowed_networks=())
+    guarded = settings.replace(allowed_networks=())
     apply(guarded, simple_config(receiver.url))
     worker = worker_factory(guarded, ("router", "deliver"))
     send_calls(guarded, [TRACK], "wk")
@@ -57,7 +56,7 @@ def test_a_host_name_resolving_to_a_blocked_address_is_refused(
 ):
     receiver = receiver_factory()
     by_name = receiver.url.replace("127.0.0.1", "localhost")
-    guarded = replace(settings, allowed_networks=())
+    guarded = settings.replace(allowed_networks=())
     apply(guarded, simple_config(by_name))
     worker_factory(guarded, ("router", "deliver"))
     send_calls(guarded, [TRACK], "wk")
@@ -75,7 +74,7 @@ def test_config_apply_warns_about_urls_in_blocked_ranges(settings, tmp_path):
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(simple_config("http://169.254.169.254/latest/meta-data")))
-    guarded = replace(settings, allowed_networks=())
+    guarded = settings.replace(allowed_networks=())
     result = run_cli(guarded, "config", "apply", str(path))
     assert result.returncode == 0, result.stderr
     assert (
@@ -85,8 +84,7 @@ def test_config_apply_warns_about_urls_in_blocked_ranges(settings, tmp_path):
 
 
 def test_circuit_breaker_opens_and_recovers(settings, receiver_factory, worker_factory):
-    settings = replace(
-        settings,
+    settings = settings.replace(
         circuit_failures=3,
         circuit_cool_down=2.0,
         retry_delays=(1.0,),
