@@ -71,6 +71,8 @@ def _start_log_store(args: argparse.Namespace, settings: Settings) -> subprocess
     command = [sys.executable, "-m", "pipeline", "log-store"]
     command += ["--bootstrap-servers", settings.bootstrap_servers]
     command += ["--topic-prefix", settings.topic_prefix]
+    if args.settings:
+        command += ["--settings", args.settings]
     if args.metrics_port:
         command += ["--metrics-port", str(args.metrics_port + 1)]
     if args.verbose:

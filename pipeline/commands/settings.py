@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from pipeline.commands._args import Subparsers, loaded_settings_from
-from pipeline.core.settings import SECRET_FIELDS, Settings, env_name
+from pipeline.core.settings import SECRET_FIELDS, Settings, default_log_store_url, env_name
 
 __all__ = ["register", "run", "shown_value"]
 
@@ -67,6 +67,11 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         (env_name(name), shown_value(name, getattr(settings, name)), origins[name])
         for name in Settings.model_fields
     ]
+    # The embedded default of the log store is a path of these settings: show which.
+    rows = [
+        (n, v or default_log_store_url(settings), o) if n == "PIPELINE_LOG_STORE_URL" else (n, v, o)
+        for n, v, o in rows
+    ]
     kafka = settings.kafka_client.describe()
     if args.json:
         print(
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
     for name, value, origin in rows:
         print(f"{name:<{width}}{value:<{value_width}}{origin}")
     if kafka:
-        print("\nKafka client properties (librdkafka), for every client:")
+        print("\nKafka client properties (librdkafka):")
         key_width = max(len(k) for k, _, _ in kafka) + 2
         for key, value, origin in kafka:
             print(f"  {key:<{key_width}}{value:<{value_width}}{origin}")

@@ -106,6 +106,13 @@ class EmbeddedBroker:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
 
+    def kill(self) -> None:
+        """SIGKILL: the broker goes at once, as in a crash (``start()`` again restarts it)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
     def stop(self, grace: float = 1.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds (tansu can take over 5 s to exit)."""
         process, self.process = self.process, None

@@ -64,8 +64,9 @@ def test_broker_command_serves_kafka_and_stops_on_sigterm(settings):
         process.stderr.close()
 
 
-def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
+def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c_quietly():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    broker_port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -73,7 +74,7 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
             "pipeline",
             "dev",
             "--broker-port",
-            str(free_port()),
+            str(broker_port),
             "--receiver-port",
             str(free_port()),
             "--ingest-port",
@@ -86,6 +87,9 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A process group of its own, as a terminal gives a foreground job: Ctrl-C there is a
+        # SIGINT to every process of the group.
+        start_new_session=True,
     )
     lines: list[str] = []
     errors: list[str] = []
@@ -111,7 +115,8 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
         assert url is not None and "password " in console
         with urllib.request.urlopen(f"{url.group(0)}/login", timeout=10) as page:
             assert page.status == 200 and b'name="password"' in page.read()
-        process.send_signal(signal.SIGINT)
+        interrupted_at = len(errors)
+        os.killpg(process.pid, signal.SIGINT)
         assert process.wait(30) == 0
     finally:
         if process.poll() is None:
@@ -127,3 +132,8 @@ def test_dev_shows_every_call_type_arriving_and_stops_on_ctrl_c():
     assert all("[signature ok]" in line for line in received)
     assert any("user-2 Signed Up" in line for line in received), "the call sent over HTTP"
     assert any("▸ stopped." in e for e in errors)
+    # The roles drain before the broker stops (it is not in the terminal's process group), so
+    # nothing complains that it went away.
+    after = errors[interrupted_at:]
+    assert not [e for e in after if " ERROR " in e or " WARNING " in e], after
+    assert not port_open("127.0.0.1", broker_port), "the broker outlived pipeline dev"

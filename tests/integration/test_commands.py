@@ -57,6 +57,8 @@ def test_every_command_module_registers_and_dispatches():
         ["log-store"],
         ["console"],
         ["replay", "--destination", "d", "--since", "1h"],
+        ["settings"],
+        ["doctor"],
     ]
     seen = set()
     for argv in samples:

@@ -234,3 +234,39 @@ def test_settings_show_the_security_settings_masked(secured_broker_factory, tmp_
     assert f"sasl.password: PIPELINE_KAFKA_SASL_PASSWORD overrides the value in {props}" in (
         done.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"PIPELINE_KAFKA_SECURITY_PROTOCOL": "TLS"},
+            "PIPELINE_KAFKA_SECURITY_PROTOCOL: security.protocol: 'TLS' is not one of "
+            "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL",
+        ),
+        (
+            {
+                "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
+                "PIPELINE_KAFKA_SSL_CA_LOCATION": "/nowhere/ca.pem",
+            },
+            "PIPELINE_KAFKA_SSL_CA_LOCATION: ssl.ca.location: /nowhere/ca.pem does not exist",
+        ),
+        (
+            {"PIPELINE_KAFKA_CONFIG": "TYPO"},
+            "line 2: ssl.ca.locaton is not a librdkafka property; did you mean ssl.ca.location?",
+        ),
+        ({"PIPELINE_PARTITIONS": "six"}, "PIPELINE_PARTITIONS: 'six' is not a whole number"),
+    ],
+)
+def test_bad_settings_are_one_clear_error_before_any_connection(tmp_path, env, expected):
+    typo = tmp_path / "client.properties"
+    typo.write_text("security.protocol=SSL\nssl.ca.locaton=/etc/ssl/ca.pem\n")
+    env = {k: str(typo) if v == "TYPO" else v for k, v in env.items()}
+    # Nothing listens there: the error comes before any attempt to connect.
+    nowhere = Settings(bootstrap_servers=f"127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    done = run_cli(nowhere, "topics", "create", env=env, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: settings:")
+    assert expected in done.stderr, done.stderr
+    assert time.monotonic() - started < 5
