@@ -88,15 +88,15 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         )
         return 0
     width = max(len(n) for n, _, _ in rows) + 2
-    value_width = min(44, max(len(v) for _, v, _ in rows) + 2)
-    print(f"{'setting':<{width}}{'value':<{value_width}}from")
+    value_width = min(42, max(len(v) for _, v, _ in rows))
+    print(f"{'setting':<{width}}{'value':<{value_width}}  from")
     for name, value, origin in rows:
-        print(f"{name:<{width}}{value:<{value_width}}{origin}")
+        print(f"{name:<{width}}{value:<{value_width}}  {origin}")
     if kafka:
         print("\nKafka client properties (librdkafka):")
         key_width = max(len(k) for k, _, _ in kafka) + 2
         for key, value, origin in kafka:
-            print(f"  {key:<{key_width}}{value:<{value_width}}{origin}")
+            print(f"  {key:<{key_width}}{value:<{value_width}}  {origin}")
     for note in loaded.notes:
         print(f"note: {note}", file=sys.stderr)
     if cluster_line:
