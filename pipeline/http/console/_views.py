@@ -1,9 +1,4 @@
-"""The console's pages: one handler per page and form; the templates draw them.
-
-Every value from outside (event names, traits, receivers' answers, ids) reaches a template as
-data and is escaped there (autoescape on every template). Forms POST and redirect (the
-post/redirect/get pattern), so a reload never submits twice.
-"""
+"""The console's pages: one handler per page and form; the templates draw them."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp_jinja2
 import orjson
 from aiohttp import web
 from multidict import MultiMapping
@@ -34,9 +28,10 @@ from pipeline.core.console import (
 from pipeline.core.durations import HOUR_MS
 from pipeline.core.exceptions import ConfigError, InvalidCall
 from pipeline.core.render import render_body
-from pipeline.core.timestamps import format_timestamp, now_ms, parse_when
-from pipeline.http.console._auth import SESSION, Session, Sessions
-from pipeline.http.console._backend import Console
+from pipeline.core.timestamps import now_ms, parse_when
+from pipeline.http.console import _page
+from pipeline.http.console._auth import Sessions
+from pipeline.http.console._page import local_path, redirect, session_of
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
 from pipeline.store import LOG_STATES, DestinationStats, LogQuery
 
@@ -78,31 +73,7 @@ class Tile:
         )
 
 
-#: A path on this console: one slash, then no slash or backslash (``//x`` and ``/\\x`` are
-#: other hosts to a browser), no control character or space.
-_LOCAL_PATH = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
-
-
-def _local_path(target: str, default: str) -> str:
-    """``target`` if it is a path on this console, else ``default``: a redirect never leaves."""
-    return target if _LOCAL_PATH.fullmatch(target) else default
-
-
-def _session(request: web.Request) -> Session:
-    return request[SESSION]
-
-
-def _back(path: str, flash: str | None = None, session: Session | None = None) -> web.HTTPSeeOther:
-    if flash and session is not None:
-        session.flash.append(flash)
-    return web.HTTPSeeOther(path)
-
-
-class Views:
-    def __init__(self, console: Console, sessions: Sessions) -> None:
-        self.console = console
-        self.sessions = sessions
-
+class Views(_page.Views):
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.health)
@@ -128,27 +99,6 @@ class Views:
         app.router.add_get("/dead-letters/jobs/{id}", self.replay_job)
         app.router.add_get("/test-event", self.test_event)
         app.router.add_post("/test-event", self.send_test_event)
-
-    def _page(
-        self, request: web.Request, template: str, status: int = 200, **context: Any
-    ) -> web.Response:
-        session = request.get(SESSION)
-        flash = []
-        if session is not None:
-            flash, session.flash = session.flash, []
-        return aiohttp_jinja2.render_template(
-            template,
-            request,
-            {
-                "session": session,
-                "flash": flash,
-                "store_problem": self.console.store_problem,
-                "path": request.path,
-                "fmt_time": lambda ms: format_timestamp(ms) if ms else "",
-                **context,
-            },
-            status=status,
-        )
 
     # ---- login ----------------------------------------------------------------------------------
 
@@ -181,7 +131,7 @@ class Views:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        target = _local_path(str(form.get("next", "/")), "/")
+        target = local_path(str(form.get("next", "/")), "/")
         if not self.sessions.login_token_ok(request, str(form.get("login_token", ""))):
             return self._login_form(request, "the login form expired: try again", target)
         if not self.sessions.check_password(str(form.get("password", ""))):
@@ -193,7 +143,7 @@ class Views:
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
         response = web.HTTPSeeOther("/login")
-        self.sessions.end(_session(request), response)
+        self.sessions.end(session_of(request), response)
         raise response
 
     # ---- overview -------------------------------------------------------------------------------
@@ -308,7 +258,7 @@ class Views:
             return self._destination_form(
                 request, current, form=form, checked_sources=checked, errors=errors
             )
-        session = _session(request)
+        session = session_of(request)
         async with self.console.lock:
             live = self.console.table.destinations.get(str(data["id"]))
             if current is not None and form.get("version", "") != self._version_of(live):
@@ -327,7 +277,7 @@ class Views:
                 dest = _keep_disable_marks(live, dest)
             changed = await self.console.save(dest, session.who)
         flash = f"saved: {', '.join(changed)}" if changed else "nothing changed"
-        raise _back(f"/destinations/{dest.id}", flash, session)
+        raise redirect(f"/destinations/{dest.id}", flash, session)
 
     def _version_of(self, dest: Destination | None) -> str:
         """What the form carries to tell whether the destination changed since it was opened:
@@ -344,18 +294,18 @@ class Views:
         wanted = form.get("enabled")
         if wanted not in ("0", "1"):
             raise web.HTTPBadRequest(text="enabled: must be 0 or 1")
-        session = _session(request)
-        back = _local_path(str(form.get("back", "/destinations")), "/destinations")
+        session = session_of(request)
+        back = local_path(str(form.get("back", "/destinations")), "/destinations")
         async with self.console.lock:
             dest = self._destination_or_404(request)
             state = "enabled" if wanted == "1" else "disabled"
             if dest.enabled == (wanted == "1"):
-                raise _back(back, f"{dest.id} is {state} already", session)
+                raise redirect(back, f"{dest.id} is {state} already", session)
             toggled = dest.model_copy(
                 update={"enabled": wanted == "1", "disabled_reason": None, "disabled_at": None}
             )
             await self.console.save(toggled, session.who)
-        raise _back(back, f"{dest.id} {state}", session)
+        raise redirect(back, f"{dest.id} {state}", session)
 
     # ---- sources --------------------------------------------------------------------------------
 
@@ -412,7 +362,7 @@ class Views:
         action = form.get("action")
         if not name or action not in ("block", "unblock"):
             raise web.HTTPBadRequest(text="event and action (block or unblock) are required")
-        session = _session(request)
+        session = session_of(request)
         async with self.console.lock:  # read, change and write with no other save between
             source = self._source_or_404(request)
             blocked = [n for n in source.blocked_events if n != name]
@@ -420,7 +370,7 @@ class Views:
                 blocked.append(name)
             updated = source.model_copy(update={"blocked_events": blocked})
             await self.console.save(updated, session.who)
-        raise _back(f"/sources/{source.id}", f"{name!r} {action}ed", session)
+        raise redirect(f"/sources/{source.id}", f"{name!r} {action}ed", session)
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -531,9 +481,9 @@ class Views:
                 pending=len(pending),
                 already=sum(1 for e in entries if e.replayed_at is not None),
             )
-        session = _session(request)
+        session = session_of(request)
         if not pending:
-            raise _back(
+            raise redirect(
                 "/dead-letters", "nothing to replay: every match was replayed before", session
             )
         job = self.console.start_replay(selection, session.who)
