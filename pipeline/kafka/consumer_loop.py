@@ -5,7 +5,7 @@ Why it is shaped like this:
 - confluent-kafka's consumer blocks, so every call to it (consume, commit, pause, seek, close) runs
   on one dedicated thread; the asyncio loop never blocks on Kafka and keeps many webhook requests in
   flight. Rebalance callbacks run on that thread too, inside ``consume``.
-- A handler gets a batch of ``Taken`` records and calls ``finish(taken)`` once each record's outcome
+- A handler gets a batch of ``ConsumedRecord`` records and calls ``finish(taken)`` once each record's outcome
   is durable: delivered, or acknowledged by Kafka on a retry tier or the dead-letter topic. Records
   finish out of order; ``PartitionOffsets`` turns that into the highest contiguous finished offset,
   and only that is committed (every ``commit_interval``, 100 ms by default, and at shutdown). A crash
@@ -41,7 +41,7 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config
 from pipeline.runtime import metrics
 
-__all__ = ["ConsumerLoop", "Handler", "Taken"]
+__all__ = ["ConsumerLoop", "Handler", "ConsumedRecord"]
 
 log = logging.getLogger("pipeline.consumer")
 
@@ -59,10 +59,12 @@ class _Partition:
         self.resume_handle: asyncio.TimerHandle | None = None
 
 
-class Taken:
-    """A record taken for processing; hand it back to ``ConsumerLoop.finish`` when durable."""
+class ConsumedRecord:
+    """A Kafka record consumed and being worked on; hand it back to ``ConsumerLoop.finish`` once
+    its outcome is durable. A record that carries several (``split``) is finished once each of
+    them is."""
 
-    __slots__ = ("message", "key", "offset", "_partition", "_generation", "_whole")
+    __slots__ = ("message", "key", "offset", "_partition", "_generation", "_container")
 
     def __init__(
         self, message: Message, key: tuple[str, int], offset: int, partition: _Partition
@@ -72,41 +74,38 @@ class Taken:
         self.offset = offset
         self._partition = partition
         self._generation = partition.generation
-        self._whole: _Whole | None = None
+        self._container: _Container | None = None
 
-    def parts(self, messages: Sequence[Any]) -> list[Taken]:
+    def split(self, messages: Sequence[Any]) -> list[ConsumedRecord]:
         """This record as the several records it carries (``messages``, which answer what a
         consumed message answers): each is finished on its own, and this one once all are."""
-        whole = _Whole(self, len(messages))
+        container = _Container(self, len(messages))
         parts = []
         for message in messages:
-            part = Taken.__new__(Taken)
+            part = ConsumedRecord.__new__(ConsumedRecord)
             part.message, part.key, part.offset = message, self.key, self.offset
-            part._partition, part._generation, part._whole = (
-                self._partition,
-                self._generation,
-                whole,
-            )
+            part._partition, part._generation = self._partition, self._generation
+            part._container = container
             parts.append(part)
         return parts
 
-    def finished(self) -> Taken | None:
-        """What finishing this record finishes: itself; a part, its whole once it is the last
-        of its parts to finish (``None`` before)."""
-        whole = self._whole
-        if whole is None:
+    def finished(self) -> ConsumedRecord | None:
+        """What finishing this record finishes: itself; one of a split record's parts, the
+        record that carried it once it is the last to finish (``None`` before)."""
+        container = self._container
+        if container is None:
             return self
-        whole.left -= 1
-        return None if whole.left else whole.taken
+        container.left -= 1
+        return None if container.left else container.record
 
 
-class _Whole:
-    """A record taken in parts (``Taken.parts``), and how many of them are not finished yet."""
+class _Container:
+    """A record split into the records it carries, and how many of them are not finished."""
 
-    __slots__ = ("taken", "left")
+    __slots__ = ("record", "left")
 
-    def __init__(self, taken: Taken, left: int) -> None:
-        self.taken = taken
+    def __init__(self, record: ConsumedRecord, left: int) -> None:
+        self.record = record
         self.left = left
 
 
@@ -115,7 +114,7 @@ class Handler(Protocol):
 
     def topics(self) -> Sequence[str]: ...
 
-    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
         """Start work on ``batch``; call ``loop.finish`` for each record once it is durable."""
 
     def assigned(self, keys: Sequence[TP]) -> None:
@@ -170,7 +169,7 @@ class ConsumerLoop:
 
     # ---- called by handlers, on the event loop -------------------------------------------------
 
-    def finish(self, taken: Taken) -> None:
+    def finish(self, taken: ConsumedRecord) -> None:
         if taken._whole is not None:  # a part: the record is finished with its last part
             whole = taken.finished()
             if whole is None:
@@ -187,7 +186,7 @@ class ConsumerLoop:
         if self._in_flight <= self._refill_at:
             self._capacity.set()
 
-    def owns(self, taken: Taken) -> bool:
+    def owns(self, taken: ConsumedRecord) -> bool:
         """Whether ``taken``'s partition is still assigned here as it was when it was taken (a
         worker that lost it must not hand the record off: its new owner processes it again)."""
         partition = taken._partition
@@ -199,7 +198,7 @@ class ConsumerLoop:
         """The consumer's group metadata, for ``send_offsets_to_transaction``."""
         return self._consumer.consumer_group_metadata()
 
-    def defer(self, taken: Taken, until: float) -> None:
+    def defer(self, taken: ConsumedRecord, until: float) -> None:
         """Do not process ``taken`` (and what follows it in its partition) before ``until``."""
         key, offset = taken.key, taken.offset
         partition = self._partitions.get(key)
@@ -245,8 +244,8 @@ class ConsumerLoop:
         finally:
             await self._shutdown()
 
-    def _take(self, messages: list[Message]) -> list[Taken]:
-        batch: list[Taken] = []
+    def _take(self, messages: list[Message]) -> list[ConsumedRecord]:
+        batch: list[ConsumedRecord] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -267,7 +266,7 @@ class ConsumerLoop:
                     self._run_on_consumer(self._pause_and_seek, key, partition.resume_offset)
                     continue
             partition.offsets.add(offset)
-            batch.append(Taken(message, key, offset, partition))
+            batch.append(ConsumedRecord(message, key, offset, partition))
         if batch:
             self._in_flight += len(batch)
             self._gauge.inc(len(batch))

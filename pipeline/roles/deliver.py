@@ -57,7 +57,7 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka import parked_batches
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower, destination_record
-from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.events import EventEmitter, EventKind
 from pipeline.kafka.log_batches import (
@@ -79,7 +79,7 @@ log = logging.getLogger("pipeline.deliver")
 #: A ``LogRecord`` as the codec's dict (``pipeline.core.log_entries``).
 LogRecordDict = dict[str, Any]
 #: A record decided without a request: what to produce for it, and its log record.
-Decided = tuple[Taken, list[Outgoing | Headed], LogRecordValue | DeliveredArgs | None]
+Decided = tuple[ConsumedRecord, list[Outgoing | Headed], LogRecordValue | DeliveredArgs | None]
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its ``notBefore``; one due later pauses its partition until this long
@@ -157,7 +157,7 @@ class DeliveryHandler:
     def topics(self) -> Sequence[str]:
         return self._topics_in
 
-    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
         now = time.time()
         deferred: dict[tuple[str, int], int] = {}  # partition → the offset it was deferred at
         # Records decided without a request (undecodable, destination gone, deadline passed,
@@ -165,7 +165,7 @@ class DeliveryHandler:
         # future and a wake-up each. A hanging destination's records are parked once its circuit
         # is open (or it is silent), so they cost its healthy neighbours little.
         decided: list[Decided] = []
-        held: list[tuple[float, Taken, Delivery]] = []
+        held: list[tuple[float, ConsumedRecord, Delivery]] = []
         # Park plans by destination and window, made once for the batch: a plan to park holds
         # for the rest of it (nothing changes while it runs but in-flight counts, which grow);
         # a record not parked is decoded and asked again (``_start``).
@@ -176,7 +176,7 @@ class DeliveryHandler:
         parking = _Parking()
         destinations = self._follower.table.destinations
         fresh = self._topics.deliveries
-        parts: list[Taken] = []  # the records of parked batches come due, once they are opened
+        parts: list[ConsumedRecord] = []  # the records of parked batches come due, once they are opened
         try:
             for taken in itertools.chain(batch, parts):
                 key = taken.key
@@ -204,7 +204,7 @@ class DeliveryHandler:
                         headers = message.headers() or []  # a list on consumed records
                         assert isinstance(headers, list)
                         try:
-                            parts += taken.parts(parked_batches.unpacked(message.value(), headers))
+                            parts += taken.split(parked_batches.unpacked(message.value(), headers))
                         except ValueError as exc:
                             letter = letter_of(DeadLetterReason.UNDECODABLE, taken, detail=str(exc))
                             decided.append((taken, [self._dlq(letter)], None))
@@ -245,7 +245,7 @@ class DeliveryHandler:
 
     def _start(
         self,
-        taken: Taken,
+        taken: ConsumedRecord,
         record: Delivery,
         loop: ConsumerLoop,
         now: float,
@@ -286,7 +286,7 @@ class DeliveryHandler:
         decided.append((taken, list(out), logged))
 
     async def _start_when_due(
-        self, held: list[tuple[float, Taken, Delivery]], loop: ConsumerLoop
+        self, held: list[tuple[float, ConsumedRecord, Delivery]], loop: ConsumerLoop
     ) -> None:
         """Start each held record at its ``notBefore``, never before; those due together are
         decided together (one hand-off)."""
@@ -311,7 +311,7 @@ class DeliveryHandler:
             if decided:
                 self._spawn(self._hand_off_all(decided, loop))
 
-    def _suppressed(self, taken: Taken, record: Delivery, now: float) -> Decided:
+    def _suppressed(self, taken: ConsumedRecord, record: Delivery, now: float) -> Decided:
         """A record a deletion request suppresses: nothing to produce but its log record."""
         self._metrics_of(record.destination_id).suppressed.inc()
         logged = None
@@ -444,7 +444,7 @@ class DeliveryHandler:
 
     def _park(
         self,
-        taken: Taken,
+        taken: ConsumedRecord,
         window: Delivery | _ParkHeader | _Window,
         destination: Destination | None,
         now: float,
@@ -639,7 +639,7 @@ class DeliveryHandler:
         for taken, _, _ in decided:
             loop.finish(taken)
 
-    def _internal_error(self, taken: Taken, record: Delivery, exc: Exception) -> list[Outgoing]:
+    def _internal_error(self, taken: ConsumedRecord, record: Delivery, exc: Exception) -> list[Outgoing]:
         """The dead letter of a record a bug stopped (called in the ``except`` block)."""
         log.exception("%s: unexpected error on %s", self.role, record.message_id)
         letter = letter_of(
@@ -650,14 +650,14 @@ class DeliveryHandler:
         )
         return [self._dlq(letter)]
 
-    async def _process(self, taken: Taken, go: Go, loop: ConsumerLoop, now: float) -> None:
+    async def _process(self, taken: ConsumedRecord, go: Go, loop: ConsumerLoop, now: float) -> None:
         """Steps 3 to 5 for a record ``before_attempt`` (at ``now``) cleared for a request."""
         try:
             await self._attempt(taken, go, loop, now)
         finally:
             self._active[go.delivery.destination_id] -= 1
 
-    async def _attempt(self, taken: Taken, go: Go, loop: ConsumerLoop, now: float) -> None:
+    async def _attempt(self, taken: ConsumedRecord, go: Go, loop: ConsumerLoop, now: float) -> None:
         record = go.delivery
         try:
             results = await self._sender.attempt(
@@ -696,7 +696,7 @@ class DeliveryHandler:
 
     def _hand_off(
         self,
-        taken: Taken,
+        taken: ConsumedRecord,
         before: Delivery,
         conclusion: Conclusion,
         finished: float,
@@ -964,7 +964,7 @@ def _all_refused(results: Sequence[UrlResult]) -> bool:
     return all(result.failure is Failure.CIRCUIT_OPEN for result in results)
 
 
-def _parked(taken: Taken) -> _ParkHeader | None:
+def _parked(taken: ConsumedRecord) -> _ParkHeader | None:
     """The park header of a record, if it has one (a record of ours without headers: ``None``)."""
     headers = taken.message.headers()  # a list of (name, bytes) on consumed records
     if not headers:
@@ -1025,7 +1025,7 @@ class _DestinationMetrics:
 
 
 def letter_of(
-    reason: str, taken: Taken, *, delivery: Delivery | None = None, detail: str = ""
+    reason: str, taken: ConsumedRecord, *, delivery: Delivery | None = None, detail: str = ""
 ) -> DeadLetter:
     """The dead letter of the Kafka record ``taken``: ``delivery`` when it decoded, else its bytes."""
     topic, partition = taken.key

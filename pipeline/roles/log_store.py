@@ -32,7 +32,7 @@ from pipeline.core.log_entries import LogRecord, log_record_from_avro
 from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
-from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
 from pipeline.kafka.log_batches import decode_log_records, read_log_batch
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
@@ -73,7 +73,7 @@ class LogStoreHandler:
         self._stop = stop
         self._retention = retention
         self._thread = thread
-        self._waiting: list[tuple[list[Taken], list[Rows]]] = []
+        self._waiting: list[tuple[list[ConsumedRecord], list[Rows]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._next_expiry = 0.0
         self._written = metrics.LOG_STORE_WRITTEN
@@ -82,7 +82,7 @@ class LogStoreHandler:
     def topics(self) -> Sequence[str]:
         return [self._topics.log]
 
-    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
         rows: list[Rows] = []
         for taken in batch:
             partition, offset = taken.key[1], taken.offset
@@ -107,7 +107,7 @@ class LogStoreHandler:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_waiting(loop))
 
-    def _skip(self, taken: Taken, exc: Exception) -> None:
+    def _skip(self, taken: ConsumedRecord, exc: Exception) -> None:
         """Not ours or from a newer version: skipped (the topic keeps it), and counted."""
         self._undecodable.inc()
         log.warning("log-store: skipping %s[%d]@%d: %s", *taken.key, taken.offset, exc)

@@ -36,7 +36,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.avro_writer import STRINGS, string_bytes, write_string
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
-from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.log_batches import (
     LogRecordValue,
@@ -159,7 +159,7 @@ class RouterHandler:
     def transactional(self) -> bool:
         return self._new_transactions is not None
 
-    async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
         if self.transactional:
             await self._handle_in_transactions(batch, loop)
             return
@@ -172,11 +172,11 @@ class RouterHandler:
         for taken in batch:
             loop.finish(taken)
 
-    async def _handle_in_transactions(self, batch: list[Taken], loop: ConsumerLoop) -> None:
-        parts: dict[TP, list[Taken]] = {}
+    async def _handle_in_transactions(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
+        parts: dict[TP, list[ConsumedRecord]] = {}
         for taken in batch:
             parts.setdefault(taken.key, []).append(taken)
-        routed: list[tuple[TP, list[Taken], list[Outgoing | Headed], int]] = []
+        routed: list[tuple[TP, list[ConsumedRecord], list[Outgoing | Headed], int]] = []
         for key, part in parts.items():
             made = self._route(part)
             if made is None:
@@ -189,7 +189,7 @@ class RouterHandler:
     async def _commit_part(
         self,
         key: TP,
-        part: list[Taken],
+        part: list[ConsumedRecord],
         out: list[Outgoing | Headed],
         deliveries: int,
         loop: ConsumerLoop,
@@ -284,7 +284,7 @@ class RouterHandler:
     def _decode(self, data: bytes | None) -> Call:
         return call_from_record(self._codec.decode("Call", data))
 
-    def _route(self, batch: list[Taken]) -> tuple[list[Outgoing | Headed], int] | None:
+    def _route(self, batch: list[ConsumedRecord]) -> tuple[list[Outgoing | Headed], int] | None:
         """The records to produce for ``batch`` and how many delivery records they carry;
         ``None`` when the worker must stop."""
         table = self._follower.table
@@ -342,7 +342,7 @@ class RouterHandler:
             out += log_batch_records(codec, log_topic, written(logged, routed_log_body), key)
         return out, delivered
 
-    def _log_record(self, taken: Taken, decision: Routed) -> LogRecordValue | RoutedArgs:
+    def _log_record(self, taken: ConsumedRecord, decision: Routed) -> LogRecordValue | RoutedArgs:
         """The delivery log's record of the call ``decision`` is about (or, the common case, its
         body's arguments: the batch's bodies are ``written`` together)."""
         call = decision.call

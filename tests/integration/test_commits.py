@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from pipeline.kafka.clients import make_producer, topics_for
-from pipeline.kafka.consumer_loop import ConsumerLoop, Taken
+from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
 from tests.support import (
     apply,
     group_positions,
@@ -72,12 +72,12 @@ def test_the_loop_never_holds_more_than_max_in_flight(settings):
         role = "deliver"
 
         def __init__(self) -> None:
-            self.taken: list[Taken] = []
+            self.taken: list[ConsumedRecord] = []
 
         def topics(self) -> list[str]:
             return [topics.deliveries]
 
-        async def handle(self, batch: list[Taken], loop: ConsumerLoop) -> None:
+        async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
             self.taken.extend(batch)
 
         def assigned(self, keys: object) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.core.config import ConfigTable, Destination
 from pipeline.core.outcomes import UrlResult
-from pipeline.kafka.consumer_loop import Taken, _Partition
+from pipeline.kafka.consumer_loop import ConsumedRecord, _Partition
 from pipeline.kafka.producer import Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 
@@ -56,30 +56,30 @@ def taken(
     partition: int = 0,
     offset: int = 0,
     headers: list[tuple[str, bytes]] | None = None,
-) -> Taken:
+) -> ConsumedRecord:
     message = FakeMessage(topic, partition, offset, key, value, headers)
-    return Taken(message, (topic, partition), offset, _Partition())  # type: ignore[arg-type]
+    return ConsumedRecord(message, (topic, partition), offset, _Partition())  # type: ignore[arg-type]
 
 
 @dataclass
 class FakeLoop:
-    finished: list[Taken] = field(default_factory=list)
-    deferred: list[tuple[Taken, float]] = field(default_factory=list)
+    finished: list[ConsumedRecord] = field(default_factory=list)
+    deferred: list[tuple[ConsumedRecord, float]] = field(default_factory=list)
     #: Partitions revoked or lost while their records were in flight.
     lost: set[tuple[str, int]] = field(default_factory=set)
 
-    def finish(self, record: Taken) -> None:
+    def finish(self, record: ConsumedRecord) -> None:
         whole = record.finished()  # a part of a parked batch: the batch, with its last part
         if whole is not None:
             self.finished.append(whole)
 
-    def owns(self, record: Taken) -> bool:
+    def owns(self, record: ConsumedRecord) -> bool:
         return record.key not in self.lost
 
     def group_metadata(self) -> str:
         return "group-metadata"
 
-    def defer(self, record: Taken, until: float) -> None:
+    def defer(self, record: ConsumedRecord, until: float) -> None:
         self.deferred.append((record, until))
 
 

@@ -687,7 +687,7 @@ def test_records_parked_together_past_the_size_of_a_batch_go_in_several() -> Non
 
 def test_a_part_finishes_its_batch_only_when_it_is_the_last() -> None:
     whole = taken(TOPICS.retry[0], b"batch", offset=7)
-    parts = whole.parts(unpacked(packed([(b"a", b"1", 0), (b"b", b"2", 0)]), []))
+    parts = whole.split(unpacked(packed([(b"a", b"1", 0), (b"b", b"2", 0)]), []))
     assert [(p.message.key(), p.offset, p.key) for p in parts] == [
         (b"a", 7, whole.key),
         (b"b", 7, whole.key),
