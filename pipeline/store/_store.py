@@ -20,10 +20,8 @@ one-row look-ups for all this.
 from __future__ import annotations
 
 import operator
-import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -32,7 +30,7 @@ from pipeline.core.durations import HOUR_MS
 from pipeline.core.log_entries import JourneyState, LogEntry, LogKind, LogRecord
 
 from ._database import Database, Row
-from ._errors import StoreError, StoreUnavailable
+from ._errors import StoreError
 from ._fold import Batch, JourneyRow, clean, first_at
 from ._models import (
     FAILED,
@@ -45,7 +43,6 @@ from ._models import (
 )
 from ._schema import (
     CALL_BUCKET,
-    CALLS_PER_BUCKET,
     ENTRY_COLUMNS,
     JOURNEY_COLUMNS,
     MIGRATIONS,
@@ -54,14 +51,14 @@ from ._schema import (
     TABLES,
     ddl,
 )
+from ._shared_database import SharedDatabase
+from ._sql import call_buckets, chunks, marks
 
 __all__ = ["EXPIRE_CHUNK", "LogStore", "LogWrite"]
 
 #: (Kafka partition, offset, record)
 LogWrite = tuple[int, int, LogRecord]
 
-#: Parameters per ``IN (...)`` list (SQLite allows 32,766 per statement; PostgreSQL 65,535).
-_CHUNK = 500
 #: Rows ``expire`` deletes per transaction (about 0.1 s on SQLite).
 EXPIRE_CHUNK = 20_000
 #: Later than any time the store holds (epoch ms), for an open-ended window.
@@ -82,15 +79,6 @@ _IDENTITY_UPDATE = (
 _identity_params = operator.itemgetter(*(JOURNEY_COLUMNS.index(c) for c in _IDENTITY))
 
 
-def _chunks(values: Sequence[Any], size: int = _CHUNK) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
-def _marks(count: int) -> str:
-    return ", ".join("?" * count)
-
-
 class LogStore:
     """The delivery log in a database. Open with ``open_store(url)``; close when done.
 
@@ -99,15 +87,16 @@ class LogStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._lock = threading.RLock()
+        self._shared = SharedDatabase(db)
         self._store_id = ""
-        with self._lock:
-            with self._transaction(write=False):  # a reader never waits for the writer's lock
+        with self._shared.lock:
+            # A read transaction: a reader never waits for the writer's lock.
+            with self._shared.transaction(write=False):
                 meta = self._meta()
             if meta.get("schema_version") == str(SCHEMA_VERSION) and meta.get("store_id"):
                 self._store_id = meta["store_id"]
                 return
-            with self._transaction(write=True):
+            with self._shared.transaction(write=True):
                 self._create_schema()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -130,36 +119,13 @@ class LogStore:
         return self._store_id
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._shared.close()
 
     def __enter__(self) -> LogStore:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-    @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[None]:
-        """One transaction; the database's "not now" errors become ``StoreUnavailable``."""
-        try:
-            self._db.begin(write=write)
-            try:
-                yield
-                self._db.commit()
-            except BaseException:
-                try:
-                    self._db.rollback()
-                except Exception:  # noqa: S110  (the connection may be gone; the first error counts)
-                    pass
-                raise
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            if self._db.unavailable(exc):
-                problem = str(exc).strip() or type(exc).__name__
-                raise StoreUnavailable(self._db.shown_url, problem) from exc
-            raise
 
     def _meta(self) -> dict[str, str]:
         if not self._db.has_table("meta"):
@@ -194,7 +160,7 @@ class LogStore:
     def reset(self) -> None:
         """Drop everything and start again with a new ``store_id`` (the rebuild: the consumer
         then reads ``deliveries.log`` from its start)."""
-        with self._lock, self._transaction(write=True):
+        with self._shared.transaction(write=True):
             self._db.lock_schema()
             for table in TABLE_NAMES:
                 self._db.run(f"DROP TABLE IF EXISTS {table}")
@@ -204,7 +170,7 @@ class LogStore:
 
     def positions(self) -> dict[int, int]:
         """Per Kafka partition: the offset of the next record to apply."""
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             return dict(self._db.query("SELECT kafka_partition, next_offset FROM positions"))
 
     def write(self, records: Sequence[LogWrite]) -> int:
@@ -215,7 +181,7 @@ class LogStore:
         number of entries written."""
         if not records:
             return 0
-        with self._lock, self._transaction(write=True):
+        with self._shared.transaction(write=True):
             return self._write(records)
 
     def _write(self, records: Sequence[LogWrite]) -> int:
@@ -229,7 +195,7 @@ class LogStore:
         stored: dict[int, int] = dict(
             db.query(
                 "SELECT kafka_partition, next_offset FROM positions"  # noqa: S608
-                f" WHERE kafka_partition IN ({_marks(len(partitions))}){db.for_update}",
+                f" WHERE kafka_partition IN ({marks(len(partitions))}){db.for_update}",
                 partitions,
             )
         )
@@ -287,12 +253,12 @@ class LogStore:
         found: dict[str, int] = {}
         journeys: dict[tuple[int, str], JourneyRow] = {}
         filled = []
-        for chunk in _chunks(sorted(calls)):
+        for chunk in chunks(sorted(calls)):
             for message_id, call_id, user_id, anonymous_id, *journey in self._db.query(
                 "SELECT c.message_id, c.call_id, c.user_id, c.anonymous_id, "  # noqa: S608
                 f"{', '.join('j.' + c for c in JOURNEY_COLUMNS)} FROM calls AS c"
                 " LEFT JOIN journeys AS j ON j.call_id = c.call_id"
-                f" WHERE c.message_id IN ({_marks(len(chunk))})",
+                f" WHERE c.message_id IN ({marks(len(chunk))})",
                 chunk,
             ):
                 if journey[0] is not None:
@@ -351,20 +317,20 @@ class LogStore:
         than the purge (b); the latter are remembered as purged too."""
         db = self._db
         purged: dict[str, int] = {}
-        for chunk in _chunks(sorted({clean(r.message_id) for r in records})):
+        for chunk in chunks(sorted({clean(r.message_id) for r in records})):
             purged.update(
                 db.query(
                     "SELECT message_id, purged_at FROM purged_messages"  # noqa: S608
-                    f" WHERE message_id IN ({_marks(len(chunk))})",
+                    f" WHERE message_id IN ({marks(len(chunk))})",
                     chunk,
                 )
             )
         purge_at: dict[str, int] = {}
-        for chunk in _chunks(sorted({clean(r.user_id) for r in records if r.user_id})):
+        for chunk in chunks(sorted({clean(r.user_id) for r in records if r.user_id})):
             purge_at.update(
                 db.query(
                     "SELECT user_id, MAX(at) FROM purges"  # noqa: S608
-                    f" WHERE user_id IN ({_marks(len(chunk))}) GROUP BY user_id",
+                    f" WHERE user_id IN ({marks(len(chunk))}) GROUP BY user_id",
                     chunk,
                 )
             )
@@ -382,9 +348,9 @@ class LogStore:
         self._remember_purged(newly)
         # A call's records may come in any order: what arrived before its ``received`` (which
         # names the user) goes with it.
-        for chunk in _chunks(sorted({message_id for message_id, _at in newly})):
+        for chunk in chunks(sorted({message_id for message_id, _at in newly})):
             rows = db.query(
-                f"SELECT call_id FROM calls WHERE message_id IN ({_marks(len(chunk))})",  # noqa: S608
+                f"SELECT call_id FROM calls WHERE message_id IN ({marks(len(chunk))})",  # noqa: S608
                 chunk,
             )
             self._delete_calls([call_id for (call_id,) in rows])
@@ -404,14 +370,14 @@ class LogStore:
             "INSERT INTO purges (user_id, at) VALUES (?, ?) ON CONFLICT (user_id, at) DO NOTHING",
             (user_id, at),
         )
-        buckets = self._buckets()
+        buckets = call_buckets(db)
         calls = db.query(
             "SELECT DISTINCT call_id, message_id FROM journeys WHERE call_id IN ("  # noqa: S608
-            f" SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({_marks(len(buckets))})"
+            f" SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({marks(len(buckets))})"
             " AND user_id = ?) AND first_seen < ?",
             (*buckets, user_id, at),
         )
-        for chunk in _chunks(calls):
+        for chunk in chunks(calls):
             self._remember_purged((message_id, at) for _call_id, message_id in chunk)
             self._delete_calls([call_id for call_id, _message_id in chunk])
 
@@ -419,19 +385,9 @@ class LogStore:
         """Delete every row of the calls ``ids`` (at most a chunk of them)."""
         if not ids:
             return
-        marks = _marks(len(ids))
+        listed = marks(len(ids))
         for table in ("entries", "journeys", "calls"):
-            self._db.run(f"DELETE FROM {table} WHERE call_id IN ({marks})", ids)  # noqa: S608
-
-    def _buckets(self) -> list[int]:
-        """Every bucket of the calls held (``CALL_BUCKET``); [-1] when there is none."""
-        # Two subqueries: SQLite finds a lone MIN or MAX in the index, both together by a scan.
-        ((low, high),) = self._db.query(
-            "SELECT (SELECT MIN(call_id) FROM calls), (SELECT MAX(call_id) FROM calls)"
-        )
-        if low is None:
-            return [-1]
-        return list(range(low // CALLS_PER_BUCKET, high // CALLS_PER_BUCKET + 1))
+            self._db.run(f"DELETE FROM {table} WHERE call_id IN ({listed})", ids)  # noqa: S608
 
     # ---- retention -----------------------------------------------------------------------------
 
@@ -445,7 +401,7 @@ class LogStore:
         deleted = 0
         for table, column in (("entries", "at"), ("journeys", "last_updated")):
             while True:
-                with self._lock, self._transaction(write=True):
+                with self._shared.transaction(write=True):
                     # The EXPIRE_CHUNK-th oldest row before the limit, if there are that many.
                     cut = self._db.query(
                         f"SELECT {column} FROM {table} WHERE {column} < ?"  # noqa: S608
@@ -461,7 +417,7 @@ class LogStore:
                         deleted += count
                 if not cut:
                     break
-        with self._lock, self._transaction(write=True):
+        with self._shared.transaction(write=True):
             db = self._db
             db.run("DELETE FROM purges WHERE at < ?", (before_ms,))
             db.run("DELETE FROM purged_messages WHERE purged_at < ?", (before_ms,))
@@ -480,7 +436,7 @@ class LogStore:
     def trace(self, message_id: str) -> Trace | None:
         """Everything about one call; ``None`` if the store never saw it."""
         message_id = clean(message_id)
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             call = self._db.query("SELECT call_id FROM calls WHERE message_id = ?", (message_id,))
             call_id = call[0][0] if call else -1
             entries = self._db.query(
@@ -516,7 +472,7 @@ class LogStore:
 
     def log(self, query: LogQuery) -> list[Journey]:
         """Journeys matching every filter of ``query``, newest first by last update."""
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             where, params = self._log_filters(query)
             condition = f" WHERE {' AND '.join(where)}" if where else ""
             rows = self._db.query(
@@ -541,11 +497,11 @@ class LogStore:
         if query.user is not None:
             # Through calls (indexed by both ids, bucket by bucket), then each call's journeys
             # by primary key.
-            buckets = self._buckets()
-            marks = _marks(len(buckets))
+            buckets = call_buckets(self._db)
+            listed = marks(len(buckets))
             where.append(
-                f"call_id IN (SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({marks})"  # noqa: S608
-                f" AND user_id = ? UNION SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({marks})"
+                f"call_id IN (SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({listed})"  # noqa: S608
+                f" AND user_id = ? UNION SELECT call_id FROM calls WHERE {CALL_BUCKET} IN ({listed})"
                 " AND anonymous_id = ?)"
             )
             user = clean(query.user)
@@ -567,7 +523,7 @@ class LogStore:
         """Per destination over [since_ms, until_ms): attempts, deliveries, failures, attempt
         durations, the last error, dead letters; and the calls waiting now. Problems first."""
         window = (since_ms, _END_OF_TIME if until_ms is None else until_ms)
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             counts = self._db.query(
                 "SELECT destination,"
                 " SUM(CASE WHEN kind = 'attempt' THEN 1 ELSE 0 END),"
@@ -655,7 +611,7 @@ class LogStore:
         """Per destination, per hour of [since_ms, until_ms) that has any: deliveries, failed
         attempts and dead letters (the console's 24-hour charts). Hours start on the hour (UTC)."""
         window = (since_ms, _END_OF_TIME if until_ms is None else until_ms)
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             rows = self._db.query(
                 "SELECT destination, at / ? AS hour,"
                 " SUM(CASE WHEN kind = 'delivered' THEN 1 ELSE 0 END),"
@@ -678,7 +634,7 @@ class LogStore:
     def event_names(self, source: str, since_ms: int) -> list[EventName]:
         """Track event names of ``source`` since ``since_ms``, most frequent first: (name, calls,
         last seen). Counted per hour: the hour that holds ``since_ms`` counts in full."""
-        with self._lock, self._transaction(write=False):
+        with self._shared.transaction(write=False):
             rows = self._db.query(
                 "SELECT event, SUM(calls) AS total, MAX(last_seen) FROM event_names"
                 " WHERE source = ? AND hour >= ? GROUP BY event ORDER BY total DESC, event",
