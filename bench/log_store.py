@@ -45,7 +45,7 @@ from pipeline.core.log_entries import LogEntry, LogKind, LogRecord
 from pipeline.store import SCHEMA_VERSION, LogQuery, LogStore, open_store
 from pipeline.store._fold import Batch
 from pipeline.store._schema import ENTRY_COLUMNS, INDEXES, JOURNEY_COLUMNS, TABLES
-from pipeline.store._store import _identities
+from pipeline.store._writer import _identities
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 DAY_MS = 24 * HOUR_MS
@@ -295,7 +295,7 @@ def build(store: LogStore, rows: int, end: int) -> dict[str, Any]:
             if i % 997 == 0:
                 message_ids.append(call_records[-1].message_id)
         db.begin(write=True)
-        batch = Batch(*store._calls(_identities(call_records)))
+        batch = Batch(*store._writer._calls(_identities(call_records)))
         for record in call_records:
             batch.add(record)
         db.insert_many("entries", ENTRY_COLUMNS, batch.entries)

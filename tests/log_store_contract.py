@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.core.log_entries import JourneyState, LogEntry, LogKind, LogRecord
 from pipeline.store import LogQuery, LogStore, open_store
-from pipeline.store import _store as store_module
+from pipeline.store import _writer as writer_module
 
 #: 2026-11-18T12:00:00.000Z, on the hour (event names are counted per hour).
 T0 = 1_795_003_200_000
@@ -789,7 +789,7 @@ class LogStoreContract:
         assert store.expire(T0 + HOUR) == 0
 
     def test_expire_in_chunks(self, store: LogStore, feed: Feed, monkeypatch: pytest.MonkeyPatch):
-        monkeypatch.setattr(store_module, "EXPIRE_CHUNK", 3)
+        monkeypatch.setattr(writer_module, "EXPIRE_CHUNK", 3)
         # 8 calls of 2 entries each; four share one millisecond (ties at a chunk's cut)
         times = [T0, T0, T0, T0, T0 + 5, T0 + 6, T0 + 7, T0 + HOUR]
         store.write(feed(*(routed(f"m{i}", ("crm",), at) for i, at in enumerate(times))))

@@ -29,8 +29,9 @@ from ._models import (
 )
 from ._open import open_store
 from ._schema import SCHEMA_VERSION
-from ._store import LogStore, LogWrite
+from ._store import LogStore
 from ._url import masked_url
+from ._writer import LogWrite
 from .format import format_log, format_stats, format_trace
 
 __all__ = [
