@@ -1,8 +1,8 @@
 """The narrow interface the store's SQL runs on: one connection, one dialect.
 
-The store (``_store.py``) writes every statement once, with ``?`` placeholders and SQL both
-SQLite and PostgreSQL accept (``ON CONFLICT ... DO UPDATE``, ``CASE``, window functions). A
-``Database`` runs it and carries the few differences:
+The store (``_writer.py``, ``_queries.py``, the schema in ``_store.py``) writes every statement
+once, with ``?`` placeholders and SQL both SQLite and PostgreSQL accept (``ON CONFLICT ... DO
+UPDATE``, ``CASE``, window functions). A ``Database`` runs it and carries the few differences:
 
 - placeholders (PostgreSQL's driver wants ``%s``), auto-numbered columns and new call ids;
 - transactions: SQLite takes the write lock up front (``BEGIN IMMEDIATE``); PostgreSQL locks the
