@@ -21,6 +21,7 @@ from aiohttp import web
 from pipeline.core.settings import Settings
 from pipeline.http.console._auth import Sessions, security_middleware
 from pipeline.http.console._backend import Console
+from pipeline.http.console._login_views import LoginViews
 from pipeline.http.console._views import Views
 
 __all__ = ["make_console_app", "loopback"]
@@ -57,7 +58,8 @@ def make_console_app(
         # One path segment, whatever it holds (a messageId may hold "/" or ".."): |path.
         filters={"path": lambda value: quote(str(value), safe="")},
     )
-    Views(console, sessions).add_routes(app)
+    for views in (LoginViews, Views):  # in this order: a group's routes match before the next's
+        views(console, sessions).add_routes(app)
     app.router.add_static("/static/", _HERE / "static", append_version=False)
 
     async def lifecycle(app: web.Application) -> object:
