@@ -1,19 +1,12 @@
-"""What the delivery handler decides for a record, as pure functions. Pure logic: the clock, the
-live destination and the circuits' answer are arguments; the handler does the I/O around them.
+"""What becomes of a record after its attempt, where it waits, and each destination's retry
+schedule. Pure logic: the clock and the answers are arguments; the handler does the I/O. (What
+becomes of a record *before* an attempt is ``pipeline.core.admission``.)
 
-``before_attempt`` (steps 1 and 2 of ``pipeline.roles.deliver``), for a due record:
-
-- the destination deleted or disabled → dead letter (``destination_deleted`` / ``_disabled``);
-- its deadline passed → dead letter (``deadline_exceeded``) without an attempt;
-- else ``Go``: the request is to be made; a first attempt stamps ``first_attempt_at`` and the
-  ``deadline``; the last slot before the deadline is the ``final`` attempt, made even through open
-  circuits;
-- unless every webhook's circuit is open (and it is not the final attempt): concluded from the
-  circuits' refusals without a request.
-
-``conclude`` (steps 3 and 4), from the URLs' results: delivered; the next retry tier with its
-``not_before``; or dead letter (a permanent failure's reason, or ``deadline_exceeded`` when the
-deadline leaves no room for another try).
+- ``conclude``, from the URLs' results: delivered; the next retry tier with its ``not_before``;
+  or dead letter (a permanent failure's reason, or ``deadline_exceeded`` when the deadline leaves
+  no room for another try).
+- ``park``: the tier and due time of a record that waits while its destination cannot take it.
+- ``Schedules``: each destination's retry schedule, its own ``retry`` policy over the global one.
 
     >>> from pipeline.core.records import Delivery
     >>> from pipeline.core.retry_schedule import RetrySchedule
@@ -26,7 +19,7 @@ deadline leaves no room for another try).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,22 +28,17 @@ from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult
 from pipeline.core.records import Attempt, Delivery
 from pipeline.core.retry_schedule import RetrySchedule
 
-__all__ = ["Go", "Conclusion", "before_attempt", "conclude", "attempt_entries"]
-
-#: The circuits' answer for a destination: every webhook's refusal when all circuits are open,
-#: else ``None`` (``WebhookSender.refused_by_circuits``).
-Circuits = Callable[[Destination], Sequence[UrlResult] | None]
+__all__ = [
+    "Conclusion",
+    "Park",
+    "Schedules",
+    "conclude",
+    "park",
+    "attempt_entries",
+    "DEADLINE_PASSED",
+]
 
 DEADLINE_PASSED = "the deadline passed before this attempt could start"
-
-
-class Go(NamedTuple):
-    """Make the request: ``delivery`` (stamped at its first attempt) to ``destination``."""
-
-    delivery: Delivery
-    destination: Destination
-    final: bool
-    """The record's last slot before its deadline: tried even through open circuits."""
 
 
 class Conclusion(NamedTuple):
@@ -66,38 +54,29 @@ class Conclusion(NamedTuple):
     """A request was made (its duration is measured); not when decided beforehand."""
 
 
-def before_attempt(
-    delivery: Delivery,
-    destination: Destination | None,
-    schedule: RetrySchedule,
-    now: float,
-    circuits: Circuits,
-) -> Go | Conclusion:
-    """Whether to make the request for a due ``delivery`` at ``now`` (epoch seconds), given its
-    destination in the live config (``None``: deleted)."""
-    if destination is None or not destination.enabled:
-        reason = (
-            DeadLetterReason.DESTINATION_DELETED
-            if destination is None
-            else DeadLetterReason.DESTINATION_DISABLED
-        )
-        return Conclusion(Outcome.DEAD_LETTER, delivery, reason)
-    first = delivery.first_attempt_at
-    if first is None:
-        first = int(now * 1000)
-        delivery = delivery.stamped(first, int(schedule.deadline_at(now) * 1000))
-    elif not schedule.may_attempt(first_attempt_at=first / 1000, now=now):
-        return Conclusion(
-            Outcome.DEAD_LETTER, delivery, DeadLetterReason.DEADLINE_EXCEEDED, DEADLINE_PASSED
-        )
-    # The last slot before the deadline is a record's final chance: it is always tried, even
-    # through an open circuit (which would otherwise decide it without a request).
-    final = now >= schedule.last_slot(first / 1000)
-    if not final:
-        refused = circuits(destination)
-        if refused is not None:
-            return conclude(delivery, refused, schedule, now, now)
-    return Go(delivery, destination, final)
+class Schedules:
+    """The retry schedule of each destination: its own ``retry`` policy over the global
+    ``default``, made once per policy.
+
+    >>> Schedules(RetrySchedule())(None).delays
+    (10.0, 60.0, 300.0, 1800.0, 3600.0)
+    """
+
+    def __init__(self, default: RetrySchedule) -> None:
+        self.default = default
+        self._known: dict[str, tuple[tuple[object, ...], RetrySchedule]] = {}
+
+    def __call__(self, destination: Destination | None) -> RetrySchedule:
+        policy = destination.retry if destination is not None else None
+        if policy is None:
+            return self.default
+        assert destination is not None
+        key = (tuple(policy.delays or ()), policy.deadline)
+        known = self._known.get(destination.id)
+        if known is None or known[0] != key:
+            schedule = self.default.for_policy(policy.delays, policy.deadline)
+            known = self._known[destination.id] = (key, schedule)
+        return known[1]
 
 
 def conclude(

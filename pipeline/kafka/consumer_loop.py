@@ -170,11 +170,11 @@ class ConsumerLoop:
     # ---- called by handlers, on the event loop -------------------------------------------------
 
     def finish(self, taken: ConsumedRecord) -> None:
-        if taken._whole is not None:  # a part: the record is finished with its last part
-            whole = taken.finished()
-            if whole is None:
+        if taken._container is not None:  # a part: the record is finished with its last part
+            container = taken.finished()
+            if container is None:
                 return
-            taken = whole
+            taken = container
         partition = taken._partition
         if partition.generation != taken._generation:
             return  # revoked: the new owner consumes the record again

@@ -36,7 +36,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.avro_writer import STRINGS, string_bytes, write_string
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
-from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
+from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.log_batches import (
     LogRecordValue,
@@ -49,7 +49,7 @@ from pipeline.kafka.log_batches import (
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, TransactionFailed
-from pipeline.roles.deliver import letter_of
+from pipeline.roles.delivery_outcomes import dead_letter_of
 from pipeline.runtime import metrics
 
 __all__ = ["RouterHandler"]
@@ -128,8 +128,8 @@ class RouterHandler:
         same transaction); ``log_bodies``: with the call's JSON. ``parking``: makes, for each
         batch, the ``Parking`` asked of its delivery records (their key, value and delivery);
         what it parks goes out in its ``records()`` (in retry tiers, with their park header),
-        not to ``deliveries`` (the worker's delivery handler, when this process delivers too:
-        ``DeliveryHandler.routing_parker``)."""
+        not to ``deliveries`` (the delivery handler's parking, when this process delivers too:
+        ``pipeline.roles.parking.RoutingParker``)."""
         self._topics = topics
         self._follower = follower
         self._producer = producer
@@ -172,7 +172,9 @@ class RouterHandler:
         for taken in batch:
             loop.finish(taken)
 
-    async def _handle_in_transactions(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
+    async def _handle_in_transactions(
+        self, batch: list[ConsumedRecord], loop: ConsumerLoop
+    ) -> None:
         parts: dict[TP, list[ConsumedRecord]] = {}
         for taken in batch:
             parts.setdefault(taken.key, []).append(taken)
@@ -310,7 +312,7 @@ class RouterHandler:
                     return None
                 if decision.call_type is None:
                     undecodable = DeadLetterReason.UNDECODABLE
-                    letter = letter_of(undecodable, taken, detail=decision.undecodable or "")
+                    letter = dead_letter_of(undecodable, taken, detail=decision.undecodable or "")
                     metrics.DEAD_LETTERS.labels(
                         metrics.UNKNOWN_DESTINATION, undecodable.value
                     ).inc()

@@ -22,6 +22,7 @@ from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
 from pipeline.roles.deliver import DeliveryHandler
 from pipeline.roles.log_store import run_log_store
+from pipeline.roles.parking import Parking, RoutingParker
 from pipeline.roles.router import RouterHandler
 
 __all__ = ["ROLES", "run_roles", "group_id"]
@@ -36,6 +37,11 @@ ROLES = ("router", "deliver", "retry", "log-store")
 #: late, so the retry consumer long-polls for 50 ms at most (some 20 small requests a second per
 #: broker when idle).
 _RETRY_CONSUMER = {"fetch.wait.max.ms": 50}
+
+
+def _routing_parker(parking: Parking, follower: ConfigFollower) -> RoutingParker:
+    """The router's parker of one batch, over the live config as it is then."""
+    return parking.routing_parker(follower.table.destinations)
 
 
 def group_id(settings: Settings, role: str) -> str:
@@ -85,6 +91,7 @@ async def run_roles(
                     follower=follower,
                     producer=producer,
                     sender=sender,
+                    health=sender.health,
                     stop=stop,
                     codec=codec,
                     deleted=None if deletions is None else deletions.deleted,
@@ -105,7 +112,9 @@ async def run_roles(
                 retake_after=settings.session_timeout or 45.0,
                 log=settings.log,
                 log_bodies=settings.log_bodies,
-                parking=None if deliverer is None else deliverer.routing_parker,
+                parking=None
+                if deliverer is None
+                else partial(_routing_parker, deliverer.parking, follower),
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(

@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from pipeline.kafka.clients import make_producer, topics_for
-from pipeline.kafka.consumer_loop import ConsumerLoop, ConsumedRecord
+from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
 from tests.support import (
     apply,
     group_positions,

@@ -13,8 +13,8 @@ import orjson
 
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
-from pipeline.kafka.parked_batches import PARTS_HEADER, unpacked
 from pipeline.kafka.topic_reader import read_topic
+from pipeline.roles.parking import PARTS_HEADER, SCHEDULE_HEADER, unpacked
 from pipeline.runtime.net import free_port
 from tests.support import (
     apply,
@@ -150,8 +150,8 @@ def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(
 
 
 def records(settings: Any, topic: str) -> list[tuple[str, str, bool]]:
-    """(message id, destination, has a park header) of the delivery records in ``topic``, those
-    of parked batches included."""
+    """(message id, destination, parked: a schedule header and no attempt) of the delivery
+    records in ``topic``, those of parked batches included."""
     found = []
     for message in read_topic(settings, topic, idle_timeout=2):
         headers = dict(message.headers() or [])
@@ -162,7 +162,7 @@ def records(settings: Any, topic: str) -> list[tuple[str, str, bool]]:
         )
         for value in carried:
             record = Codec.default().decode("Delivery", value)
-            parked = "pipeline-park" in headers
+            parked = SCHEDULE_HEADER in headers and not record["attempts"]
             found.append((record["messageId"], record["destinationId"], parked))
     return found
 

@@ -3,19 +3,10 @@ Kafka or HTTP (the clock is an argument, the circuits a function)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 
 from pipeline.core.config import Destination
-from pipeline.core.delivery_policy import (
-    DEADLINE_PASSED,
-    Conclusion,
-    Go,
-    attempt_entries,
-    before_attempt,
-    conclude,
-)
+from pipeline.core.delivery_policy import Conclusion, Schedules, attempt_entries, conclude
 from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult
 from pipeline.core.records import Attempt, Delivery
 from pipeline.core.retry_schedule import RetrySchedule
@@ -33,72 +24,12 @@ E404 = UrlResult("https://a.example/h", 404, Failure.CLIENT_ERROR, "404 Not Foun
 OPEN = UrlResult("https://a.example/h", failure=Failure.CIRCUIT_OPEN, detail="circuit open")
 
 
-def closed(_destination: Destination) -> Sequence[UrlResult] | None:
-    return None
-
-
-def all_open(_destination: Destination) -> Sequence[UrlResult] | None:
-    return [OPEN]
-
-
-def never_asked(_destination: Destination) -> Sequence[UrlResult] | None:
-    raise AssertionError("the circuits must not be asked")
-
-
-# ---- before_attempt ------------------------------------------------------------------------------
-
-
-def test_deleted_destination_is_dead_lettered_without_asking_anything() -> None:
-    assert before_attempt(FRESH, None, SCHEDULE, T0, never_asked) == Conclusion(
-        Outcome.DEAD_LETTER, FRESH, DeadLetterReason.DESTINATION_DELETED
-    )
-
-
-def test_disabled_destination_is_dead_lettered() -> None:
-    disabled = HOOKS.model_copy(update={"enabled": False})
-    decided = before_attempt(STAMPED, disabled, SCHEDULE, T0 + 5, never_asked)
-    assert decided == Conclusion(
-        Outcome.DEAD_LETTER, STAMPED, DeadLetterReason.DESTINATION_DISABLED
-    )
-    assert not decided.requested
-
-
-def test_past_the_deadline_is_dead_lettered_without_an_attempt() -> None:
-    decided = before_attempt(STAMPED, HOOKS, SCHEDULE, T0 + 1000.001, never_asked)
-    assert decided == Conclusion(
-        Outcome.DEAD_LETTER, STAMPED, DeadLetterReason.DEADLINE_EXCEEDED, DEADLINE_PASSED
-    )
-
-
-def test_at_the_deadline_itself_the_attempt_still_starts() -> None:
-    decided = before_attempt(STAMPED, HOOKS, SCHEDULE, T0 + 1000.0, never_asked)
-    assert decided == Go(STAMPED, HOOKS, final=True)
-
-
-def test_first_attempt_stamps_first_attempt_at_and_deadline() -> None:
-    decided = before_attempt(FRESH, HOOKS, SCHEDULE, T0, closed)
-    assert decided == Go(
-        FRESH._replace(first_attempt_at=T0_MS, deadline=T0_MS + 1_000_000), HOOKS, False
-    )
-
-
-def test_a_later_attempt_keeps_its_stamps() -> None:
-    decided = before_attempt(STAMPED, HOOKS, SCHEDULE, T0 + 70, closed)
-    assert decided == Go(STAMPED, HOOKS, final=False)
-
-
-def test_the_last_slot_is_final_and_goes_through_open_circuits() -> None:
-    decided = before_attempt(STAMPED, HOOKS, SCHEDULE, T0 + 999.0, never_asked)
-    assert decided == Go(STAMPED, HOOKS, final=True)
-
-
-def test_just_before_the_last_slot_is_not_final() -> None:
-    assert before_attempt(STAMPED, HOOKS, SCHEDULE, T0 + 998.9, closed) == Go(STAMPED, HOOKS, False)
+# ---- refused by every circuit (with parking off; admission says ``Refused``) -------------------
 
 
 def test_every_circuit_open_concludes_without_a_request() -> None:
-    decided = before_attempt(FRESH, HOOKS, SCHEDULE, T0, all_open)
-    assert isinstance(decided, Conclusion)
+    stamped = FRESH.stamped(T0_MS, T0_MS + 1_000_000)
+    decided = conclude(stamped, [OPEN], SCHEDULE, T0, T0)
     assert decided.outcome is Outcome.RETRY and not decided.requested
     retried = decided.delivery
     assert (retried.first_attempt_at, retried.tier, retried.not_before) == (
@@ -107,6 +38,17 @@ def test_every_circuit_open_concludes_without_a_request() -> None:
         T0_MS + 10_000,
     )
     assert retried.attempts == (Attempt(T0_MS, OPEN.url, None, "circuit_open: circuit open", 0),)
+
+
+def test_a_destinations_own_retry_policy_gives_its_schedule_once_per_policy() -> None:
+    schedules = Schedules(SCHEDULE)
+    own = Destination.model_validate(
+        {**HOOKS.model_dump(), "retry": {"delays": ["45s"], "deadline": "1h"}}
+    )
+    assert schedules(None) is SCHEDULE and schedules(HOOKS) is SCHEDULE
+    first = schedules(own)
+    assert first.delays == (45.0,) and first.deadline == 3600.0
+    assert schedules(own) is first
 
 
 # ---- conclude ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""``WebhookSender``'s circuits: one per endpoint (webhook URL), and one per host for failures of
-the host itself. ``refused_by_circuits`` decides an attempt without a request only when every
-webhook's circuit refuses, and without taking the half-open probe. The requests go to real HTTP
+"""``WebhookSender`` and the endpoint health it keeps: a circuit per endpoint (webhook URL), and one
+per host for failures of the host itself; ``refusals`` decides an attempt without a request only
+when every webhook's circuit refuses, and without taking the half-open probe; silence and
+unproven endpoints. The requests go to real HTTP
 servers on 127.0.0.1 (aiohttp), so the breakers see real answers and real refused connections."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from pipeline.core.config import Destination
-from pipeline.core.outcomes import Failure
+from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.settings import Settings
 from pipeline.http.sender import WebhookSender
 from pipeline.runtime.net import free_port
@@ -26,19 +27,31 @@ def destination(*urls: str) -> Destination:
 
 
 def open_circuit(sender: WebhookSender, url: str) -> None:
-    sender._target(url).breaker.record(ok=False)  # one failure opens it (circuit_failures=1)
+    sender.health.endpoint(url).breaker.record(ok=False)  # one failure opens it (failures=1)
+
+
+def refused(sender: WebhookSender, destination: Destination) -> list[UrlResult] | None:
+    return sender.health.refusals(destination)
+
+
+def silent(sender: WebhookSender, destination: Destination) -> bool:
+    return sender.health.snapshot(destination).silence_ends_in is not None
+
+
+def unproven(sender: WebhookSender, destination: Destination) -> bool:
+    return sender.health.snapshot(destination).unproven
 
 
 def test_closed_circuits_need_a_request() -> None:
     sender = WebhookSender(SETTINGS)
-    assert sender.refused_by_circuits(destination(A)) is None
+    assert refused(sender, destination(A)) is None
 
 
 def test_every_circuit_open_gives_circuit_open_results() -> None:
     sender = WebhookSender(SETTINGS)
     open_circuit(sender, A)
     open_circuit(sender, B)
-    results = sender.refused_by_circuits(destination(A, B))
+    results = refused(sender, destination(A, B))
     assert results is not None
     assert [(r.url, r.failure) for r in results] == [
         (A, Failure.CIRCUIT_OPEN),
@@ -51,40 +64,40 @@ def test_one_open_circuit_among_several_still_needs_the_attempt() -> None:
     """Seed rule: any webhook's 2xx delivers the call, so the closed one must be tried."""
     sender = WebhookSender(SETTINGS)
     open_circuit(sender, A)
-    assert sender.refused_by_circuits(destination(A, B)) is None
+    assert refused(sender, destination(A, B)) is None
 
 
 def test_an_endpoints_circuit_leaves_its_neighbours_on_the_host_alone() -> None:
     sender = WebhookSender(SETTINGS)
     failing, healthy = "http://127.0.0.1:9001/a", "http://127.0.0.1:9001/b"
     open_circuit(sender, failing)
-    assert sender.refused_by_circuits(destination(failing)) is not None
-    assert sender.refused_by_circuits(destination(healthy)) is None
+    assert refused(sender, destination(failing)) is not None
+    assert refused(sender, destination(healthy)) is None
 
 
 def test_an_open_host_circuit_refuses_every_endpoint_on_the_host() -> None:
     sender = WebhookSender(SETTINGS)
-    host = sender._target(A).host
+    host = sender.health.endpoint(A).host
     assert host is not None
     host.breaker.record(ok=False)
     other_path = "http://127.0.0.1:9001/other"
-    results = sender.refused_by_circuits(destination(other_path))
+    results = refused(sender, destination(other_path))
     assert results is not None
     assert results[0].detail == (
         "not tried: http://127.0.0.1:9001 could not be reached repeatedly; circuit open"
     )
-    assert sender.refused_by_circuits(destination(B)) is None  # another port: another host
+    assert refused(sender, destination(B)) is None  # another port: another host
 
 
 def test_asking_does_not_take_the_half_open_probe() -> None:
     now = [0.0]
     sender = WebhookSender(SETTINGS)
-    target = sender._target(A)
+    target = sender.health.endpoint(A)
     target.breaker._clock = lambda: now[0]
     target.breaker.record(ok=False)
     now[0] = 61.0  # cool-down over: the next allow() is the probe
-    assert sender.refused_by_circuits(destination(A)) is None
-    assert sender.refused_by_circuits(destination(A)) is None
+    assert refused(sender, destination(A)) is None
+    assert refused(sender, destination(A)) is None
     assert target.breaker.allow()  # the probe is still there for the real attempt
 
 
@@ -130,8 +143,8 @@ def test_a_500_opens_the_endpoints_circuit_not_the_hosts() -> None:
         for n in range(5):
             result = await sender.attempt(healthy, b"{}", f"h{n}")
             assert result[0].status == 200
-        assert sender.refused_by_circuits(failing) is not None
-        assert sender.refused_by_circuits(healthy) is None
+        assert refused(sender, failing) is not None
+        assert refused(sender, healthy) is None
 
     with_receiver(test)
 
@@ -142,8 +155,8 @@ def test_a_refused_connection_opens_the_hosts_circuit() -> None:
         first = await sender.attempt(destination(f"http://127.0.0.1:{port}/a"), b"{}", "m1")
         assert first[0].failure is Failure.CONNECTION_ERROR
         other = destination(f"http://127.0.0.1:{port}/b")  # never tried itself
-        refused = sender.refused_by_circuits(other)
-        assert refused is not None and "could not be reached" in refused[0].detail
+        refusals = refused(sender, other)
+        assert refusals is not None and "could not be reached" in refusals[0].detail
         second = await sender.attempt(other, b"{}", "m2")
         assert second[0].failure is Failure.CIRCUIT_OPEN
 
@@ -153,12 +166,12 @@ def test_a_refused_connection_opens_the_hosts_circuit() -> None:
 def test_any_answer_closes_the_hosts_circuit() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         now = [0.0]
-        target = sender._target(f"{receiver}/fail")
+        target = sender.health.endpoint(f"{receiver}/fail")
         host = target.host
         assert host is not None
         host.breaker._clock = lambda: now[0]
         host.breaker.record(ok=False)
-        assert sender.refused_by_circuits(destination(f"{receiver}/fail")) is not None
+        assert refused(sender, destination(f"{receiver}/fail")) is not None
         now[0] = 61.0  # the host's probe: a 500 is an answer, so the host is up
         result = await sender.attempt(destination(f"{receiver}/fail"), b"{}", "m1")
         assert result[0].status == 500
@@ -183,17 +196,17 @@ def test_the_final_attempt_goes_through_open_circuits() -> None:
 def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging, healthy = destination(f"{receiver}/hang"), destination(f"{receiver}/ok")
-        assert not sender.silent(hanging)  # never tried
+        assert not silent(sender, hanging)  # never tried
         requests = [asyncio.create_task(sender.attempt(hanging, b"{}", f"m{n}")) for n in range(3)]
         await asyncio.sleep(0.02)
-        assert not sender.silent(hanging)  # out for less than QUIET_MIN (0.25 s)
+        assert not silent(sender, hanging)  # out for less than QUIET_MIN (0.25 s)
         await asyncio.sleep(0.5)
-        assert sender.silent(hanging)
+        assert silent(sender, hanging)
         assert (await sender.attempt(healthy, b"{}", "h1"))[0].status == 200
-        assert not sender.silent(healthy)  # its neighbour on the host answers
+        assert not silent(sender, healthy)  # its neighbour on the host answers
         results = await asyncio.gather(*requests)
         assert all(r[0].failure is Failure.TIMEOUT for r in results)
-        assert not sender.silent(hanging)  # nothing out any more
+        assert not silent(sender, hanging)  # nothing out any more
 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
 
@@ -201,18 +214,18 @@ def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> 
 def test_a_destination_is_unproven_while_its_first_requests_go_unanswered() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging, failing = f"{receiver}/hang", f"{receiver}/fail"
-        assert not sender.unproven(destination(hanging))  # never tried
+        assert not unproven(sender, destination(hanging))  # never tried
         out = asyncio.create_task(sender.attempt(destination(hanging), b"{}", "m1"))
-        while not sender._target(hanging).in_flight:
+        while not sender.health.endpoint(hanging).in_flight:
             await asyncio.sleep(0)
-        assert not sender.unproven(destination(hanging))  # out for less than UNPROVEN_AFTER
+        assert not unproven(sender, destination(hanging))  # out for less than UNPROVEN_AFTER
         await asyncio.sleep(0.1)
-        assert sender.unproven(destination(hanging))
+        assert unproven(sender, destination(hanging))
         assert (await sender.attempt(destination(failing), b"{}", "m2"))[0].status == 500
-        assert not sender.unproven(destination(hanging, failing))  # a 500 is an answer
-        assert sender.unproven(destination(hanging))
+        assert not unproven(sender, destination(hanging, failing))  # a 500 is an answer
+        assert unproven(sender, destination(hanging))
         assert (await out)[0].failure is Failure.TIMEOUT
-        assert not sender.unproven(destination(hanging))  # nothing out any more
+        assert not unproven(sender, destination(hanging))  # nothing out any more
 
     with_receiver(test, SETTINGS.replace(delivery_timeout=1.0, circuit_failures=10))
 
@@ -224,13 +237,15 @@ def test_a_blocked_event_loop_makes_no_endpoint_silent() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         healthy, hanging = destination(f"{receiver}/ok"), destination(f"{receiver}/hang")
         out = [asyncio.create_task(sender.attempt(d, b"{}", "m")) for d in (healthy, hanging)]
-        while not all(sender._target(d.webhooks[0].url).in_flight for d in (healthy, hanging)):
+        while not all(
+            sender.health.endpoint(d.webhooks[0].url).in_flight for d in (healthy, hanging)
+        ):
             await asyncio.sleep(0)
         time.sleep(0.6)  # the loop is blocked: no answer can be read meanwhile
-        assert not sender.silent(healthy) and not sender.silent(hanging)
+        assert not silent(sender, healthy) and not silent(sender, hanging)
         assert (await out[0])[0].status == 200
         await asyncio.sleep(0.4)  # the loop runs, the hanging request stays out
-        assert sender.silent(hanging) and not sender.silent(healthy)
+        assert silent(sender, hanging) and not silent(sender, healthy)
         assert (await out[1])[0].status == 200  # after its 2 s
 
     with_receiver(test, SETTINGS.replace(delivery_timeout=3.0, circuit_failures=10))
@@ -253,46 +268,3 @@ def test_a_request_waiting_behind_a_silent_endpoint_gives_up_its_wait() -> None:
         delivery_timeout=1.0, circuit_failures=10, max_connections_per_host=2
     )
     with_receiver(test, settings)
-
-
-def test_an_endpoint_is_silent_after_ten_times_its_usual_answer_time() -> None:
-    sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
-    target = sender._target(A)
-    target.in_flight, target.quiet_since = 1, 100.0
-    assert target.silent(100.3, 2.5)  # no answer yet: QUIET_MIN
-    target.answered(0.1)  # answers in 100 ms: silent after 1 s without one
-    assert not target.silent(100.9, 2.5) and target.silent(101.1, 2.5)
-    target.latency = 2.0  # a slow receiver: at most half the delivery timeout
-    assert not target.silent(102.4, 2.5) and target.silent(102.6, 2.5)
-    target.in_flight = 0
-    assert not target.silent(200.0, 2.5)  # nothing out: nothing to wait for
-
-
-def test_a_silent_endpoint_waits_until_its_oldest_request_out_times_out() -> None:
-    sender = WebhookSender(SETTINGS.replace(delivery_timeout=5.0))
-    hanging = destination(A)
-    assert sender.silence_ends_in(hanging) is None  # never tried
-    target = sender._target(A)
-    target.in_flight, target.quiet_since = 3, time.monotonic() - 1.0  # silent for a second
-    wait = sender.silence_ends_in(hanging)
-    assert wait is not None and 4.4 <= wait <= 4.5  # 4 s to the timeout, 0.5 s to hear it
-    assert sender.silent(hanging)
-    target.quiet_since = time.monotonic() - 0.1  # it answered 100 ms ago: not silent
-    assert sender.silence_ends_in(hanging) is None and not sender.silent(hanging)
-
-
-def test_the_circuits_cool_down_grows_to_the_settings_max() -> None:
-    """``PIPELINE_CIRCUIT_COOL_DOWN_MAX`` reaches every breaker: the endpoint's and its host's."""
-    settings = Settings.from_env(
-        {
-            "PIPELINE_ALLOWED_NETWORKS": "127.0.0.0/8",
-            "PIPELINE_CIRCUIT_COOL_DOWN": "30s",
-            "PIPELINE_CIRCUIT_COOL_DOWN_MAX": "2m",
-        }
-    )
-    sender = WebhookSender(settings)
-    target = sender._target(A)
-    assert target.host is not None
-    for breaker in (target.breaker, target.host.breaker):
-        assert (breaker.cool_down, breaker.cool_down_max) == (30.0, 120.0)
-    assert Settings().circuit_cool_down_max == 300.0

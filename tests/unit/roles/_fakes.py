@@ -1,5 +1,6 @@
 """Stand-ins for the Kafka and HTTP shells around a handler: a consumer loop, a producer, a
-sender and a config follower, so handlers are driven without a broker."""
+sender and a config follower, so handlers are driven without a broker; and the real endpoint
+health (pure logic) on a clock the test moves."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.config import ConfigTable, Destination
-from pipeline.core.outcomes import UrlResult
+from pipeline.core.endpoint_health import EndpointHealth
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.settings import Settings
 from pipeline.kafka.consumer_loop import ConsumedRecord, _Partition
 from pipeline.kafka.producer import Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
@@ -58,7 +61,7 @@ def taken(
     headers: list[tuple[str, bytes]] | None = None,
 ) -> ConsumedRecord:
     message = FakeMessage(topic, partition, offset, key, value, headers)
-    return ConsumedRecord(message, (topic, partition), offset, _Partition())  # type: ignore[arg-type]
+    return ConsumedRecord(message, (topic, partition), offset, _Partition())
 
 
 @dataclass
@@ -107,10 +110,7 @@ class FakeSender:
     """Answers every attempt with ``answer(destination)``; records what was asked."""
 
     answer: Callable[[Destination], list[UrlResult]]
-    circuits: Callable[[Destination], list[UrlResult] | None] = lambda destination: None
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
-    #: Have a destination's first requests gone unanswered a while (``WebhookSender.unproven``)?
-    mute: bool = False
 
     async def attempt(
         self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
@@ -118,29 +118,35 @@ class FakeSender:
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
 
-    def unproven(self, destination: Destination) -> bool:
-        return self.mute
 
-    def silent(self, destination: Destination) -> bool:
-        return False
+class Clock:
+    """A monotonic clock a test moves by hand."""
 
-    def silence_ends_in(self, destination: Destination) -> float | None:
-        return 3.0 if self.silent(destination) else None
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
 
-    def rate_wait(self, destination: Destination) -> float:
-        return 0.0
+    def __call__(self) -> float:
+        return self.now
 
-    def set_share(self, role: str, share: float) -> None:
-        self.share = share
 
-    def reopens_in(self, destination: Destination) -> float | None:
-        return 30.0 if self.circuits(destination) else None
+def health_of(settings: Settings | None = None, clock: Clock | None = None) -> EndpointHealth:
+    """The real endpoint health (pure logic), on a clock the test moves."""
+    return EndpointHealth(settings or Settings(), clock=clock or Clock())
 
-    def open_circuits(self, destination: Destination) -> int:
-        return 1 if self.circuits(destination) else 0
 
-    def refused_by_circuits(self, destination: Destination) -> list[UrlResult] | None:
-        return self.circuits(destination)
+def open_circuit(health: EndpointHealth, url: str, failures: int = 5) -> None:
+    """Fail ``url`` ``failures`` times in a row: its circuit opens (``circuit_failures``)."""
+    endpoint = health.endpoint(url)
+    for _ in range(failures):
+        health.started(endpoint)
+        health.ended(endpoint, UrlResult(url, 503, Failure.SERVER_ERROR, "503"))
+
+
+def request_out(health: EndpointHealth, clock: Clock, url: str, seconds: float) -> None:
+    """A request to ``url`` out and unanswered for ``seconds`` (unproven past 0.05 s, silent
+    past 0.25 s)."""
+    health.started(health.endpoint(url))
+    clock.now += seconds
 
 
 class RegistryDown:

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.admission import PROBE_HEARD_AFTER
 from pipeline.core.config import ConfigTable, Destination, Source
+from pipeline.core.endpoint_health import EndpointHealth, Health
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.records import Attempt, Delivery, delivery_to_record
 from pipeline.core.retry_schedule import RetrySchedule
@@ -16,16 +18,20 @@ from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
-from pipeline.kafka.parked_batches import MAX_BYTES, PARTS_HEADER, packed, unpacked
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
-from pipeline.roles.deliver import HOLD_SECONDS, PARK_HEADER, PROBE_HEARD_AFTER, DeliveryHandler
+from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
+from pipeline.roles.parking import MAX_BYTES, PARTS_HEADER, SCHEDULE_HEADER, packed, unpacked
 from pipeline.runtime import metrics
 from tests.unit.roles._fakes import (
+    Clock,
     FakeFollower,
     FakeLoop,
     FakeProducer,
     FakeSender,
     RegistryDown,
+    health_of,
+    open_circuit,
+    request_out,
     taken,
 )
 
@@ -36,8 +42,8 @@ URL = "https://a.example/h"
 TABLE = ConfigTable.build(
     [Source(id="web", write_keys=["wk"])],
     [
-        Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}]),  # type: ignore[list-item]
-        Destination(id="off", sources=["web"], enabled=False, webhooks=[{"url": URL}]),  # type: ignore[list-item]
+        Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}]),
+        Destination(id="off", sources=["web"], enabled=False, webhooks=[{"url": URL}]),
     ],
 )
 OK = UrlResult(URL, 200)
@@ -61,19 +67,47 @@ def handler_for(
     table: ConfigTable = TABLE,
     settings: Settings | None = None,
     codec: Any = CODEC,
+    health: EndpointHealth | None = None,
 ) -> DeliveryHandler:
+    settings = settings or Settings()
     return DeliveryHandler(
         "deliver",
         [TOPICS.deliveries],
-        settings=settings or Settings(),
+        settings=settings,
         topics=TOPICS,
-        follower=FakeFollower(table),  # type: ignore[arg-type]
-        producer=producer,  # type: ignore[arg-type]
-        sender=sender,  # type: ignore[arg-type]
+        follower=FakeFollower(table),
+        producer=producer,
+        sender=sender,
+        health=health or health_of(settings),
         stop=asyncio.Event(),
         codec=codec,
         schedule=SCHEDULE,
     )
+
+
+def circuits_open(settings: Settings | None = None) -> EndpointHealth:
+    """A health in which the webhook's circuit is open (30 s until it half-opens)."""
+    health = health_of(settings)
+    open_circuit(health, URL)
+    return health
+
+
+def silent(seconds_out: float = 2.5) -> EndpointHealth:
+    """A health in which the webhook has had a request out for ``seconds_out``: silent, its
+    oldest request timing out in 5 s - ``seconds_out`` (heard of half a second later)."""
+    clock = Clock()
+    health = health_of(clock=clock)
+    request_out(health, clock, URL, seconds_out)
+    return health
+
+
+def routed(handler: DeliveryHandler, key: bytes, value: bytes, destination: str) -> Any:
+    """The record the router's parker parks for one fresh record (``None``: not parked)."""
+    parker = handler.parking.routing_parker(TABLE.destinations)
+    if not parker(key, value, destination):
+        return None
+    (record,) = parker.records()
+    return record
 
 
 def run(
@@ -85,6 +119,7 @@ def run(
     *,
     table: ConfigTable = TABLE,
     batch: list[Any] | None = None,
+    health: EndpointHealth | None = None,
 ) -> tuple[DeliveryHandler, FakeLoop, FakeProducer, list[Any]]:
     """Handle ``records`` (or ``batch``, taken records) and wait for every task."""
     loop, producer = loop or FakeLoop(), FakeProducer()
@@ -95,8 +130,10 @@ def run(
         ]
 
     async def go() -> DeliveryHandler:
-        handler = handler_for(producer, sender, table=table, settings=settings, codec=codec)
-        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        handler = handler_for(
+            producer, sender, table=table, settings=settings, codec=codec, health=health
+        )
+        await handler.handle(batch, loop)
         while handler._tasks:
             await handler.aclose()
         return handler
@@ -243,17 +280,19 @@ def test_past_the_deadline_is_dead_lettered_without_a_request() -> None:
     assert letter["reason"] == "deadline_exceeded" and sender.attempts == []
 
 
-CIRCUITS_OPEN = FakeSender(
-    lambda d: [OK], circuits=lambda d: [UrlResult(URL, failure=Failure.CIRCUIT_OPEN)]
-)
-
-
 def test_every_circuit_open_goes_to_the_next_tier_without_a_request() -> None:
     """Without parking (``PIPELINE_PARKING=off``): decided, re-encoded with the refusal."""
-    sender = CIRCUITS_OPEN
-    _, loop, producer, batch = run([encoded(delivery())], sender, settings=Settings(parking=False))
+    sender = FakeSender(lambda d: [OK])
+    off = Settings(parking=False)
+    _, loop, producer, batch = run(
+        [encoded(delivery())], sender, settings=off, health=circuits_open(off)
+    )
     [(topic, _, record)] = sent(producer)
-    assert topic == TOPICS.retry[0] and record["attempts"][0]["error"] == "circuit_open"
+    assert topic == TOPICS.retry[0]
+    assert (
+        record["attempts"][0]["error"]
+        == "circuit_open: not tried: it failed repeatedly; circuit open"
+    )
     assert sender.attempts == [] and loop.finished == batch
     assert logged(producer) == [("retry_scheduled", "hooks", "tier 0 circuit_open")]
 
@@ -324,8 +363,8 @@ def park_header(taken_record: Any) -> tuple[str, ...] | None:
     if not headers:
         return None
     found = dict(headers[0])
-    assert set(found) <= {PARK_HEADER, PARTS_HEADER}
-    return tuple(found[PARK_HEADER].decode().split(" "))
+    assert set(found) <= {SCHEDULE_HEADER, PARTS_HEADER}
+    return tuple(found[SCHEDULE_HEADER].decode().split(" "))
 
 
 def parts_of(parked: Any) -> list[tuple[bytes | None, bytes]]:
@@ -341,9 +380,9 @@ def parts_of(parked: Any) -> list[tuple[bytes | None, bytes]]:
 
 def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     value = encoded(delivery())
-    sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
+    sender = FakeSender(lambda d: [OK])
     before = time.time()
-    _, loop, producer, batch = run([value], sender)
+    _, loop, producer, batch = run([value], sender, health=circuits_open())
     [parked] = producer.sent
     assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[1], b"hooks/u1", value)  # as is
     tier, not_before, first, deadline, destination = park_header(parked) or ()
@@ -367,20 +406,23 @@ class SlowSender(FakeSender):
         return self.answer(destination)
 
 
-class Silent(FakeSender):
-    """Its endpoints have requests out and answered none lately (the fake's wait: 3 s)."""
+class Counting(EndpointHealth):
+    """Counts the snapshots asked of it (one per admission made, not kept)."""
 
-    def silent(self, destination: Destination) -> bool:
-        return True
+    asked = 0
+
+    def snapshot(self, destination: Destination) -> Health:
+        self.asked += 1
+        return super().snapshot(destination)
 
 
 def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> None:
     value = encoded(delivery())
-    handler = handler_for(FakeProducer(), CIRCUITS_OPEN)
+    handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=circuits_open())
     parked_before = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
     count = parked_before._value.get()
     before = time.time()
-    parked = handler.parked_at_routing(b"hooks/u1", value, "hooks")
+    parked = routed(handler, b"hooks/u1", value, "hooks")
     assert parked is not None
     assert (parked[0], parked[1], parked[2]) == (TOPICS.retry[1], b"hooks/u1", value)
     tier, not_before, first, deadline, destination = park_header(parked) or ()
@@ -393,67 +435,67 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
 
 
 def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
-    class Counting(FakeSender):
-        asked = 0
-
-        def reopens_in(self, destination: Destination) -> float | None:
-            Counting.asked += 1
-            return 30.0 if destination.id == "hooks" else None
-
-    handler = handler_for(FakeProducer(), Counting(lambda d: [OK]))
+    health = Counting(Settings())
+    open_circuit(health, URL)
+    handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=health)
     parked = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
     count = parked._value.get()
-    parker = handler.routing_parker()
+    parker = handler.parking.routing_parker(TABLE.destinations)
     value, gone = encoded(delivery()), encoded(delivery("gone"))
     assert parker(b"k1", value, "hooks")  # comes back for the probe: its own plan
     assert parker(b"k2", value, "hooks") and parker(b"k3", value, "hooks")
     assert not parker(b"k4", gone, "gone")  # not configured: dead-lettered later
-    assert Counting.asked == 2  # the carrier's, then the plan the others share
+    assert health.asked == 2  # the carrier's, then the plan the others share
     carrier, shared = parker.records()  # the others in one record: one plan
     assert parts_of(carrier) == [(b"k1", value)] and shared[1] == b"k2"
     assert parts_of(shared) == [(b"k2", value), (b"k3", value)]
     assert park_header(carrier) != park_header(shared)
     assert parked._value.get() == count + 3 and parker.parked == 3  # each record counted
-    assert handler.routing_parker()(b"k5", value, "hooks")
-    assert Counting.asked == 3  # the next batch asks again
+    assert handler.parking.routing_parker(TABLE.destinations)(b"k5", value, "hooks")
+    assert health.asked == 3  # the next batch asks again
 
 
 def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
     value = encoded(delivery())
     before = time.time()
-    parked = handler_for(FakeProducer(), Silent(lambda d: [OK])).parked_at_routing(
-        b"k", value, "hooks"
-    )
+    handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=silent())
+    parked = routed(handler, b"k", value, "hooks")
     assert parked is not None and parked[2] == value
     tier, not_before, *_ = park_header(parked) or ()
     assert tier == "0" and before + 2.95 <= int(not_before) / 1000 <= time.time() + 3.05
 
 
+class Limited(EndpointHealth):
+    """Every destination's next turn under its rate limit is ``wait`` seconds off."""
+
+    wait = 30.0
+
+    def rate_wait(self, destination: Destination) -> float:
+        return self.wait
+
+
 def test_a_fresh_record_goes_to_deliveries_unless_its_endpoints_are_down_or_hang() -> None:
-    class Limited(FakeSender):
-        def rate_wait(self, destination: Destination) -> float:
-            return 30.0
-
-    value, fresh = encoded(delivery()), "hooks"
-    healthy = handler_for(FakeProducer(), FakeSender(lambda d: [OK]))
-    assert healthy.parked_at_routing(b"k", value, fresh) is None
+    value, fresh, sender = encoded(delivery()), "hooks", FakeSender(lambda d: [OK])
+    healthy = handler_for(FakeProducer(), sender)
+    assert routed(healthy, b"k", value, fresh) is None
     # Decided on arrival, where the records ahead of it have been counted: over its rate.
-    limited = handler_for(FakeProducer(), Limited(lambda d: [OK]))
-    assert limited.parked_at_routing(b"k", value, fresh) is None
-    off = handler_for(FakeProducer(), CIRCUITS_OPEN, settings=Settings(parking=False))
-    assert off.parked_at_routing(b"k", value, fresh) is None
-    gone = handler_for(FakeProducer(), CIRCUITS_OPEN)  # dead-lettered on arrival, with its record
-    assert gone.parked_at_routing(b"k", encoded(delivery("gone")), "gone") is None
+    limited = handler_for(FakeProducer(), sender, health=Limited(Settings()))
+    assert routed(limited, b"k", value, fresh) is None
+    off = Settings(parking=False)
+    parking_off = handler_for(FakeProducer(), sender, settings=off, health=circuits_open(off))
+    assert routed(parking_off, b"k", value, fresh) is None
+    gone = handler_for(FakeProducer(), sender, health=circuits_open())  # dead-lettered on arrival
+    assert routed(gone, b"k", encoded(delivery("gone")), "gone") is None
 
 
-def test_a_record_for_a_silent_destination_waits_as_long_as_the_sender_says() -> None:
-    class Answering(Silent):
-        def silence_ends_in(self, destination: Destination) -> float | None:
-            return 0.2  # its oldest request times out soon
-
-    for sender, wait in ((Silent(lambda d: [OK]), 3.0), (Answering(lambda d: [OK]), 1.0)):
+def test_a_record_for_a_silent_destination_waits_as_long_as_its_health_says() -> None:
+    # Out 2.5 s: its oldest request times out in 2.5 s and is heard of 0.5 s later. Out 5.3 s:
+    # heard of in 0.2 s, so SILENT_WAIT (1 s).
+    for out, wait in ((2.5, 3.0), (5.3, 1.0)):
         before = time.time()
-        _, loop, producer, batch = run([encoded(delivery())], sender)
+        _, loop, producer, batch = run(
+            [encoded(delivery())], FakeSender(lambda d: [OK]), health=silent(out)
+        )
         [parked] = producer.sent
         _tier, not_before, *_ = park_header(parked) or ()
         # the sender's wait, SILENT_WAIT (1 s) at least
@@ -466,28 +508,34 @@ def parked_taken(value: bytes | None, not_before: float, **changes: Any) -> Any:
     fields.update(changes)
     header = f"{fields['tier']} {int(not_before * 1000)} {fields['first']} "
     header += f"{fields['first'] + 1_000_000} {fields['destination']}"
-    return [(PARK_HEADER, header.encode())], value
+    return [(SCHEDULE_HEADER, header.encode())], value
 
 
 def run_parked(
-    value: bytes | None, not_before: float, sender: FakeSender, **changes: Any
+    value: bytes | None,
+    not_before: float,
+    sender: FakeSender,
+    health: EndpointHealth | None = None,
+    **changes: Any,
 ) -> tuple[FakeLoop, FakeProducer, Any]:
     headers, value = parked_taken(value, not_before, **changes)
     batch = [taken(TOPICS.retry[1], value, key=b"hooks/u1", offset=3, headers=headers)]
-    _, loop, producer, batch = run([], sender, batch=batch)
+    _, loop, producer, batch = run([], sender, batch=batch, health=health)
     return loop, producer, batch
 
 
 def test_a_parked_record_still_refused_is_parked_again_without_a_decode() -> None:
     # The value is not even a record: parked again untouched, it was never decoded.
-    loop, producer, batch = run_parked(b"not decoded", time.time() - 1, CIRCUITS_OPEN)
+    ok = FakeSender(lambda d: [OK])
+    loop, producer, batch = run_parked(b"not decoded", time.time() - 1, ok, circuits_open())
     [again] = producer.sent
     assert again[2] == b"not decoded" and park_header(again) is not None
     assert loop.finished == batch
 
 
 def test_a_parked_record_not_due_is_deferred_without_a_decode() -> None:
-    loop, producer, _ = run_parked(b"not decoded", time.time() + 20, CIRCUITS_OPEN)
+    ok = FakeSender(lambda d: [OK])
+    loop, producer, _ = run_parked(b"not decoded", time.time() + 20, ok, circuits_open())
     assert producer.sent == [] and len(loop.deferred) == 1
 
 
@@ -496,7 +544,8 @@ def test_a_fresh_record_is_parked_before_its_decode_when_its_destination_cannot_
     key names its destination, and its window starts when it is parked."""
     batch = [taken(TOPICS.deliveries, b"not decoded", key=b"hooks/u1", offset=0)]
     before = time.time()
-    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    ok = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([], ok, batch=batch, health=circuits_open())
     [parked] = producer.sent
     assert (parked[1], parked[2]) == (b"hooks/u1", b"not decoded")
     tier, not_before, first, _deadline, destination = park_header(parked) or ()
@@ -505,26 +554,21 @@ def test_a_fresh_record_is_parked_before_its_decode_when_its_destination_cannot_
     # Its key does not name a destination: decoded, and parked as decoded.
     value = encoded(delivery())
     batch = [taken(TOPICS.deliveries, value, key=b"no-slash", offset=0)]
-    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    _, loop, producer, batch = run([], ok, batch=batch, health=circuits_open())
     [parked] = producer.sent
     assert parked[2] == value and park_header(parked) is not None
 
 
 def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_window() -> None:
-    class Counting(FakeSender):
-        asked = 0
-
-        def reopens_in(self, destination: Destination) -> float | None:
-            Counting.asked += 1
-            return 30.0
-
+    health = Counting(Settings())
+    open_circuit(health, URL)
     first = int(time.time() * 1000) - 5000
     batch = []
     for offset, started in enumerate((first, first, first, first - 60_000)):
         headers, value = parked_taken(b"not decoded", time.time() - 1, first=started)
         batch.append(taken(TOPICS.retry[1], value, offset=offset, headers=headers))
-    _, loop, producer, batch = run([], Counting(lambda d: [OK]), batch=batch)
-    assert Counting.asked == 3  # the probe's carrier, the plan of its window, the other window
+    _, loop, producer, batch = run([], FakeSender(lambda d: [OK]), batch=batch, health=health)
+    assert health.asked == 3  # the probe's carrier, the plan of its window, the other window
     # The carrier alone, the two sharing its window's plan in one record, the other window's.
     windows = [
         (*(park_header(record) or ())[2:4], len(parts_of(record))) for record in producer.sent
@@ -541,19 +585,19 @@ def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_windo
 
 
 def test_one_parked_record_comes_back_for_the_probe_the_others_after_its_answer() -> None:
-    class Reopens(FakeSender):
+    class Reopens(EndpointHealth):
         wait = 30.0
 
-        def reopens_in(self, destination: Destination) -> float | None:
-            return self.wait
+        def snapshot(self, destination: Destination) -> Health:
+            return Health(reopens_in=self.wait)
 
-    sender = Reopens(lambda d: [OK])
-    handler = handler_for(FakeProducer(), sender)
+    health = Reopens(Settings())
+    handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=health)
     value = encoded(delivery())
 
     def waits(count: int) -> list[tuple[float, int]]:
         """(wait, records carried) of each record parked for ``count`` fresh records."""
-        parker, now = handler.routing_parker(), time.time()
+        parker, now = handler.parking.routing_parker(TABLE.destinations), time.time()
         assert all(parker(b"k", value, "hooks") for _ in range(count))
         return [
             (round(int((park_header(r) or ())[1]) / 1000 - now, 1), len(parts_of(r)))
@@ -563,7 +607,7 @@ def test_one_parked_record_comes_back_for_the_probe_the_others_after_its_answer(
     answered = Settings().delivery_timeout + PROBE_HEARD_AFTER
     assert waits(3) == [(30.0, 1), (30.0 + answered, 2)]
     assert waits(2) == [(30.0 + answered, 2)]  # a later batch: the reopening has its carrier
-    sender.wait = 10.0  # the probe failed: the circuit opened again, reopening sooner
+    health.wait = 10.0  # the probe failed: the circuit opened again, reopening sooner
     assert waits(2) == [(10.0, 1), (10.0 + answered, 1)]
 
 
@@ -592,7 +636,8 @@ def test_a_parked_batch_still_refused_is_parked_again_whole_without_a_decode() -
     headers, value = parked_taken(b"alone", time.time() - 1)
     alone = taken(TOPICS.retry[1], value, key=b"hooks/u9", offset=2, headers=headers)
     batch = [alone, parked_batch([b"not decoded"] * 3, time.time() - 1)]  # the first carries
-    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)  # the probe (below)
+    ok = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([], ok, batch=batch, health=circuits_open())  # the probe
     carrier, again = producer.sent
     assert carrier[2] == b"alone"
     assert again[2] == batch[1].message.value()  # the same bytes: one record, one produce
@@ -614,7 +659,8 @@ def test_a_parked_batch_parked_again_to_carry_the_probe_carries_it_with_one_reco
     counted = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
     before, now = counted._value.get(), time.time()
     batch = [parked_batch([b"record %d" % n for n in range(count)], now - 1)]
-    _, loop, producer, batch = run([], CIRCUITS_OPEN, batch=batch)
+    ok = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([], ok, batch=batch, health=circuits_open())
     carrier, others = producer.sent
     answered = Settings().delivery_timeout + PROBE_HEARD_AFTER
 
@@ -645,7 +691,10 @@ def test_a_parked_batch_due_within_the_hold_waits_undecoded_in_its_paused_partit
     due, to be parked again whole if its destination still cannot take it."""
     due = time.time() + HOLD_SECONDS / 2
     _, loop, producer, batch = run(
-        [], CIRCUITS_OPEN, batch=[parked_batch([b"not decoded"] * 2, due)]
+        [],
+        FakeSender(lambda d: [OK]),
+        batch=[parked_batch([b"not decoded"] * 2, due)],
+        health=circuits_open(),
     )
     assert producer.sent == [] and loop.finished == []
     assert [(record.offset, until) for record, until in loop.deferred] == [
@@ -678,7 +727,8 @@ def test_a_parked_batch_that_does_not_read_back_is_dead_lettered_whole() -> None
 
 def test_records_parked_together_past_the_size_of_a_batch_go_in_several() -> None:
     big = b"x" * (MAX_BYTES // 2 - 100)
-    parker = handler_for(FakeProducer(), Silent(lambda d: [OK])).routing_parker()
+    handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=silent())
+    parker = handler.parking.routing_parker(TABLE.destinations)
     assert all(parker(b"hooks/u%d" % n, big, "hooks") for n in range(5))
     records = parker.records()
     assert [len(parts_of(record)) for record in records] == [2, 2, 1]
@@ -700,7 +750,7 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
     table = ConfigTable.build(
         [Source(id="web", write_keys=["wk"])],
         [
-            Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], max_in_flight=1),  # type: ignore[list-item]
+            Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], max_in_flight=1),
         ],
     )
     sender = SlowSender(lambda d: [OK])
@@ -720,14 +770,18 @@ def test_a_destination_whose_first_requests_go_unanswered_takes_its_hosts_connec
 ) -> None:
     # A new endpoint that hangs would otherwise fill every in-flight slot with records waiting
     # behind its first requests, and its healthy neighbours would wait with them.
-    sender = SlowSender(lambda d: [OK], mute=mute)
+    sender = SlowSender(lambda d: [OK])
+    clock = Clock()
+    settings = Settings(max_connections_per_host=2)
+    health = health_of(settings, clock)
+    if mute:  # a request out for 0.1 s without an answer: unproven (silent only past 0.25 s)
+        request_out(health, clock, URL, 0.1)
     values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(5)]
     batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
     counter = metrics.PARKED.labels(metrics.destination_label("hooks"), "unanswered")
     count = counter._value.get()
     before = time.time()
-    settings = Settings(max_connections_per_host=2)
-    _, loop, producer, _ = run([], sender, batch=batch, settings=settings)
+    _, loop, producer, _ = run([], sender, batch=batch, settings=settings, health=health)
     parked = [record for record in producer.sent if record[0] not in BESIDE]
     assert sorted(t.offset for t in loop.finished) == [0, 1, 2, 3, 4]
     if not mute:  # it answered, or had no time to: nothing holds it back
@@ -744,20 +798,18 @@ def test_a_destination_whose_first_requests_go_unanswered_takes_its_hosts_connec
 def test_the_final_attempt_is_not_parked() -> None:
     now = int(time.time() * 1000)
     record = delivery(first_attempt_at=now - 999_500, deadline=now + 500, tier=1)
-    sender = FakeSender(lambda d: [OK], circuits=CIRCUITS_OPEN.circuits)
+    sender = FakeSender(lambda d: [OK])
     retried = [taken(TOPICS.retry[1], encoded(record), key=b"hooks/u1", offset=0)]
-    _, loop, producer, batch = run([], sender, batch=retried)
+    _, loop, producer, batch = run([], sender, batch=retried, health=circuits_open())
     assert len(sender.attempts) == 1 and sender.attempts[0][3] is True  # final, through circuits
     assert [r for r in producer.sent if r[0] not in BESIDE] == [] and loop.finished == batch
 
 
 def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
-    class Limited(FakeSender):
-        def rate_wait(self, destination: Destination) -> float:
-            return 7.0
-
-    sender = Limited(lambda d: [OK])
-    _, loop, producer, batch = run([encoded(delivery())], sender)
+    health = Limited(Settings())
+    health.wait = 7.0
+    sender = FakeSender(lambda d: [OK])
+    _, loop, producer, batch = run([encoded(delivery())], sender, health=health)
     [parked] = producer.sent
     tier, not_before, *_ = park_header(parked) or ()
     assert tier == "0" and sender.attempts == [] and loop.finished == batch
@@ -765,12 +817,14 @@ def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
 
 
 def test_the_share_of_the_rate_limit_follows_the_partitions_held() -> None:
-    sender = FakeSender(lambda d: [OK])
-    handler, *_ = run([], sender)
+    health = health_of()
+    limited = TABLE.destinations["hooks"].model_copy(update={"rate_limit": 60.0})
+    handler, *_ = run([], FakeSender(lambda d: [OK]), health=health)
     handler.assigned([(TOPICS.deliveries, 0), (TOPICS.deliveries, 1), (TOPICS.deliveries, 2)])
-    assert sender.share == 0.5  # 3 of the 6 partitions
+    # 3 of the 6 deliver partitions, none of the retry role's: a quarter of the group's 60/s
+    assert health.rate_of(limited) == 15.0
     handler.released([(TOPICS.deliveries, 0)])
-    assert sender.share == 2 / 6
+    assert health.rate_of(limited) == 10.0
 
 
 # ---- operational events and auto-disable --------------------------------------------------------
@@ -795,95 +849,28 @@ def test_a_destinations_first_dead_letter_is_an_event() -> None:
 
 
 def test_circuits_opening_and_closing_are_events() -> None:
-    class Opens(FakeSender):
+    class Opens(EndpointHealth):
         answers = [1, 1, 0]  # open webhooks after each attempt
 
         def open_circuits(self, destination: Destination) -> int:
             return self.answers.pop(0)
 
-    sender = Opens(lambda d: [E503])
     values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
-    _, _, producer, _ = run(values, sender)
+    _, _, producer, _ = run(values, FakeSender(lambda d: [E503]), health=Opens(Settings()))
     assert [e["kind"] for e in events(producer)] == ["circuit_opened", "circuit_closed"]
 
 
-def test_a_destination_failing_every_attempt_for_disable_after_is_disabled() -> None:
-    from pipeline.core.outcomes import Outcome
-    from pipeline.kafka.config_store import _decode_destination
-
-    producer = FakeProducer()
-    table = ConfigTable.build(
-        [Source(id="web", write_keys=["wk"])],
-        [Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], disable_after=60)],  # type: ignore[list-item]
-    )
-    destination = table.destinations["hooks"]
-
-    async def go() -> None:
-        handler = handler_for(producer, FakeSender(lambda d: [E503]), table=table)
-        handler._failing(destination, Outcome.RETRY, 1000.0)
-        handler._failing(destination, Outcome.DELIVERED, 1030.0)  # a success ends the run
-        handler._failing(destination, Outcome.RETRY, 1040.0)
-        handler._failing(destination, Outcome.DEAD_LETTER, 1099.0)  # 59 s: not yet
-        assert producer.sent == []
-        handler._failing(destination, Outcome.RETRY, 1100.0)  # 60 s of failures
-        handler._failing(destination, Outcome.RETRY, 1101.0)  # once is enough
-        while handler._tasks:
-            await handler.aclose()
-
-    asyncio.run(go())
-    [(topic, key, value)] = [r for r in producer.sent if r[0] == TOPICS.config]
-    disabled = _decode_destination(CODEC.decode("Destination", value))
-    assert key == b"destination:hooks" and not disabled.enabled
-    assert disabled.disabled_at == 1_100_000
-    assert disabled.disabled_reason == "every attempt failed for 1m (disable_after 1m)"
-    assert [e["kind"] for e in events(producer)] == ["destination_disabled"]
-
-
-def test_a_destination_enabled_again_is_disabled_again_after_a_new_run() -> None:
-    from pipeline.core.outcomes import Outcome
-
-    producer = FakeProducer()
-    table = ConfigTable.build(
-        [Source(id="web", write_keys=["wk"])],
-        [Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], disable_after=60)],  # type: ignore[list-item]
-    )
-    destination = table.destinations["hooks"]
-    # Enabled again in the console: the config holds another version of it.
-    again = destination.model_copy(update={"name": "Hooks"})
-
-    async def go() -> None:
-        handler = handler_for(producer, FakeSender(lambda d: [E503]), table=table)
-        handler._failing(destination, Outcome.RETRY, 1000.0)
-        handler._failing(destination, Outcome.RETRY, 1060.0)  # disabled
-        handler._failing(destination, Outcome.RETRY, 1070.0)  # the config does not say so yet
-        handler._failing(again, Outcome.RETRY, 1100.0)  # a new run starts here
-        handler._failing(again, Outcome.RETRY, 1159.0)  # 59 s: not yet
-        handler._failing(again, Outcome.RETRY, 1160.0)  # disabled again
-        while handler._tasks:
-            await handler.aclose()
-
-    asyncio.run(go())
-    disabled_at = [
-        _decode(value).disabled_at for topic, _, value in producer.sent if topic == TOPICS.config
-    ]
-    assert disabled_at == [1_060_000, 1_160_000]
-
-
-def _decode(value: bytes) -> Destination:
-    from pipeline.kafka.config_store import _decode_destination
-
-    return _decode_destination(CODEC.decode("Destination", value))
-
-
 def test_a_record_refused_while_it_waited_is_parked() -> None:
-    class FellSilent(FakeSender):
-        def silent(self, destination: Destination) -> bool:
-            return True  # by the time the attempt returns
-
+    clock = Clock()
+    health = health_of(clock=clock)
     refused = UrlResult(URL, failure=Failure.CIRCUIT_OPEN, detail="not tried: silent")
+
+    def fell_silent(destination: Destination) -> list[UrlResult]:
+        request_out(health, clock, URL, 2.5)  # by the time the attempt returns
+        return [refused]
+
     value = encoded(delivery())
-    sender = FellSilent(lambda d: [refused])
-    _, loop, producer, batch = run([value], sender)
+    _, loop, producer, batch = run([value], FakeSender(fell_silent), health=health)
     [parked] = [r for r in producer.sent if r[0] not in BESIDE]
     assert parked[2] == value and park_header(parked) is not None
     assert logged(producer) == [] and loop.finished == batch

@@ -16,14 +16,21 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import decode_log_records
 from pipeline.roles.deliver import DeliveryHandler
-from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, FakeSender, taken
+from tests.unit.roles._fakes import (
+    FakeFollower,
+    FakeLoop,
+    FakeProducer,
+    FakeSender,
+    health_of,
+    taken,
+)
 
 TOPICS = Topics("t.", retry_tiers=2)
 CODEC = Codec.default()
 URL = "https://a.example/h"
 TABLE = ConfigTable.build(
     [Source(id="web", write_keys=["wk"])],
-    [Destination(id="sup", sources=["web"], webhooks=[{"url": URL}])],  # type: ignore[list-item]
+    [Destination(id="sup", sources=["web"], webhooks=[{"url": URL}])],
 )
 NOW_MS = int(time.time() * 1000)
 
@@ -43,14 +50,15 @@ def handle(values: list[bytes], deleted: dict[str, int]) -> tuple[FakeSender, Fa
             [TOPICS.deliveries],
             settings=Settings(),
             topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
-            sender=sender,  # type: ignore[arg-type]
+            follower=FakeFollower(TABLE),
+            producer=producer,
+            sender=sender,
+            health=health_of(),
             stop=asyncio.Event(),
             codec=CODEC,
             deleted=deleted,
         )
-        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        await handler.handle(batch, loop)
         while handler._tasks:
             await handler.aclose()
 

@@ -74,7 +74,7 @@ def drive(store: Any, batches: list[list[Any]]) -> FakeLoop:
             thread=thread,
         )
         for batch in batches:
-            await handler.handle(batch, loop)  # type: ignore[arg-type]
+            await handler.handle(batch, loop)
         await handler.aclose()
         thread.shutdown()
 

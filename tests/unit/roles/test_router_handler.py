@@ -30,7 +30,7 @@ CODEC = Codec.default()
 TABLE = ConfigTable.build(
     [Source(id="web", write_keys=["wk"], blocked_events=["Heartbeat"])],
     [
-        Destination(id=d, sources=["web"], webhooks=[{"url": f"https://x/{d}"}])  # type: ignore[list-item]
+        Destination(id=d, sources=["web"], webhooks=[{"url": f"https://x/{d}"}])
         for d in ("hooks-a", "hooks-b")
     ],
 )
@@ -49,13 +49,13 @@ def run(
     async def go() -> RouterHandler:
         handler = RouterHandler(
             topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=producer,  # type: ignore[arg-type]
+            follower=FakeFollower(TABLE),
+            producer=producer,
             stop=asyncio.Event(),
             codec=codec,
             **options,
         )
-        await handler.handle(batch, loop)  # type: ignore[arg-type]
+        await handler.handle(batch, loop)
         return handler
 
     return asyncio.run(go()), loop, producer, batch
@@ -202,11 +202,11 @@ class Transactional:
     def handler(self) -> RouterHandler:
         return RouterHandler(
             topics=TOPICS,
-            follower=FakeFollower(TABLE),  # type: ignore[arg-type]
-            producer=self.producer,  # type: ignore[arg-type]
+            follower=FakeFollower(TABLE),
+            producer=self.producer,
             stop=asyncio.Event(),
             codec=CODEC,
-            transactions=self.new,  # type: ignore[arg-type]
+            transactions=self.new,
             retake_after=6.0,
             parking=self.parking,
         )
@@ -216,7 +216,7 @@ class Transactional:
             handler = self.handler()
             assert handler.transactional
             for batch in batches:
-                await handler.handle(batch, self.loop)  # type: ignore[arg-type]
+                await handler.handle(batch, self.loop)
             await handler.aclose()
 
         asyncio.run(go())
@@ -274,9 +274,9 @@ def test_a_released_partition_gives_its_producer_up_and_a_new_assignment_makes_a
 
     async def go() -> None:
         handler = router.handler()
-        await handler.handle(calls(1, range(2)), router.loop)  # type: ignore[arg-type]
+        await handler.handle(calls(1, range(2)), router.loop)
         handler.released([(TOPICS.calls, 1)])
-        await handler.handle(calls(1, range(5, 6)), router.loop)  # type: ignore[arg-type]
+        await handler.handle(calls(1, range(5, 6)), router.loop)
         first, second = router.made
         await handler.aclose()
         assert first.closed and [c[1] for c in second.commits] == [6]
@@ -294,7 +294,7 @@ def test_assigned_partitions_take_their_transactional_ids_before_any_record() ->
             (0, 1, []),
             (2, 1, []),
         ]
-        await handler.handle(calls(2, range(3)), router.loop)  # type: ignore[arg-type]
+        await handler.handle(calls(2, range(3)), router.loop)
         assert len(router.made) == 2 and [c[1] for c in router.made[1].commits] == [3]
         await handler.aclose()
 

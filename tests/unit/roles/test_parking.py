@@ -1,4 +1,4 @@
-"""``parked_batches``: the value of a record carrying many parked records, read back exactly."""
+"""Parked batches: the value of a record carrying many parked records, read back exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.kafka.parked_batches import PARTS_HEADER, entry_size, packed, unpacked
+from pipeline.roles.parking import PARTS_HEADER, entry_size, packed, unpacked
 
 _RECORDS = st.lists(
     st.tuples(st.none() | st.binary(max_size=40), st.binary(max_size=300)), min_size=1, max_size=20

@@ -1,0 +1,213 @@
+"""Admission: what becomes of a record that is due, decided from its destination, the health of
+its endpoints, what is in flight, and the time. Pure logic.
+
+``admit`` answers one of:
+
+- ``Reject``: dead-letter it without an attempt: its destination was deleted or disabled
+  (``destination_deleted`` / ``_disabled``), or its deadline passed (``deadline_exceeded``);
+- ``Attempt``: make the request now; ``final`` when it is the record's last slot before its
+  deadline (made even through open circuits, never parked: no record is dead-lettered without a
+  last request);
+- ``Park``: its destination cannot take it now, so it waits in a retry tier as it is, undecoded,
+  until it can (``park_reasons``, in the order they are asked: its ``max_in_flight`` taken, every
+  webhook's circuit open, every webhook silent, its first requests unanswered with as many
+  records out as its host has connections, its turn under ``rate_limit`` more than a second off);
+- ``Refused``: with parking off, every webhook's circuit is open: the attempt is concluded from
+  their refusals without a request (a retry).
+
+While a destination's circuits are open, one parked record comes back when they may be tried
+again, to carry the probe (``carries_probe``); the others come back once the probe has answered,
+so a long outage moves each parked record once per cool-down.
+
+    >>> from pipeline.core.config import Destination
+    >>> from pipeline.core.endpoint_health import Health
+    >>> from pipeline.core.retry_schedule import RetrySchedule
+    >>> hooks = Destination(id="h", sources=["s"], webhooks=[{"url": "https://a.example/"}])
+    >>> schedule = RetrySchedule(delays=(10.0,), deadline=100.0, jitter=0.0)
+    >>> str(admit(hooks, Health(reopens_in=30.0), 0, FRESH, schedule, 0.0).reason)
+    'circuit_open'
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pipeline.core.config import Destination
+from pipeline.core.delivery_policy import DEADLINE_PASSED, park
+from pipeline.core.endpoint_health import Health
+from pipeline.core.outcomes import DeadLetterReason
+from pipeline.core.retry_schedule import RetrySchedule
+
+__all__ = [
+    "Admission",
+    "Attempt",
+    "FRESH",
+    "Limits",
+    "Park",
+    "ParkReason",
+    "Refused",
+    "Reject",
+    "Window",
+    "admit",
+]
+
+#: A destination at its ``max_in_flight`` (or its unanswered limit): its next records wait this
+#: long in the first tier.
+IN_FLIGHT_WAIT = 1.0
+#: Parked records wait at least this long (a circuit about to half-open).
+MIN_PARK_WAIT = 1.0
+#: A record whose turn under ``rate_limit`` is further off than this is parked rather than held in
+#: an in-flight slot.
+RATE_WAIT_IN_FLIGHT = 1.0
+#: A silent destination's records wait until its requests out have timed out, this at least.
+SILENT_WAIT = 1.0
+#: A carried probe has been answered this long after the reopening at the latest, past the
+#: delivery timeout (``Limits.probe_answered``).
+PROBE_HEARD_AFTER = 0.5
+
+
+class ParkReason(enum.StrEnum):
+    """Why a record was parked (the ``reason`` label of ``pipeline_parked_total``)."""
+
+    IN_FLIGHT = "in_flight"
+    """Its destination's ``max_in_flight`` is taken."""
+    CIRCUIT_OPEN = "circuit_open"
+    """Every webhook's circuit (or its host's) is open."""
+    SILENT = "silent"
+    """Every webhook has requests out and answered none lately."""
+    UNANSWERED = "unanswered"
+    """Its first requests are unanswered and its host's connections' worth of records are out."""
+    RATE_LIMITED = "rate_limited"
+    """Its turn under ``rate_limit`` is more than a second off."""
+
+
+class Window(NamedTuple):
+    """A record's retry window, epoch ms: when its first attempt was and its deadline (``None``:
+    never attempted; the window starts when it is first attempted or parked)."""
+
+    first_attempt_at: int | None
+    deadline: int | None
+
+
+#: The window of a record never attempted.
+FRESH = Window(None, None)
+
+
+class Attempt(NamedTuple):
+    """Make the request; ``first_attempt_at`` and ``deadline`` stamp a first attempt."""
+
+    first_attempt_at: int
+    deadline: int
+    final: bool
+
+
+class Park(NamedTuple):
+    """Wait in retry tier ``tier`` until ``not_before`` (epoch ms), the retry window carried
+    along; ``carries_probe``: it comes back alone, to carry the probe of a reopening circuit."""
+
+    reason: ParkReason
+    tier: int
+    not_before: int
+    first_attempt_at: int
+    deadline: int
+    carries_probe: bool = False
+
+
+class Reject(NamedTuple):
+    """Dead-letter it without an attempt."""
+
+    reason: DeadLetterReason
+    detail: str = ""
+
+
+class Refused(NamedTuple):
+    """Every webhook's circuit refuses (parking off): concluded from the refusals, as an attempt
+    in the window ``first_attempt_at`` to ``deadline``."""
+
+    first_attempt_at: int
+    deadline: int
+
+
+Admission = Attempt | Park | Reject | Refused
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The worker's settings admission reads: ``parking`` (``PIPELINE_PARKING``);
+    ``unanswered``: records an unproven destination may have out (its host's connections);
+    ``probe_answered``: how long after a reopening its probe has been answered at the latest."""
+
+    parking: bool = True
+    unanswered: int = 100
+    probe_answered: float = 5.0 + PROBE_HEARD_AFTER
+
+
+def admit(
+    destination: Destination | None,
+    health: Health,
+    in_flight: int,
+    window: Window,
+    schedule: RetrySchedule,
+    now: float,
+    limits: Limits = Limits(),  # noqa: B008 (frozen, shared)
+    *,
+    probe_carried_at: float | None = None,
+    reasons: frozenset[ParkReason] | None = None,
+) -> Admission:
+    """What becomes of a due record of ``destination`` (``None``: deleted) at ``now`` (epoch
+    seconds). ``health``: the destination's (``EndpointHealth.snapshot``); ``in_flight``: its
+    records being attempted here; ``probe_carried_at``: the reopening a parked record already
+    comes back for, to carry the probe; ``reasons``: park only for these."""
+    if destination is None:
+        return Reject(DeadLetterReason.DESTINATION_DELETED)
+    if not destination.enabled:
+        return Reject(DeadLetterReason.DESTINATION_DISABLED)
+    first, deadline = window
+    if first is None:
+        first = int(now * 1000)
+    elif not schedule.may_attempt(first_attempt_at=first / 1000, now=now):
+        return Reject(DeadLetterReason.DEADLINE_EXCEEDED, DEADLINE_PASSED)
+    if deadline is None:
+        deadline = int(schedule.deadline_at(first / 1000) * 1000)
+    if now >= schedule.last_slot(first / 1000):
+        return Attempt(first, deadline, final=True)
+    why = _park_reason(destination, health, in_flight, limits)
+    if why is not None and (reasons is None or why[0] in reasons):
+        reason, wait = why
+        carries = False
+        if reason is ParkReason.CIRCUIT_OPEN:
+            reopens_at = now + wait
+            if probe_carried_at is None or abs(probe_carried_at - reopens_at) > 1.0:
+                carries = True
+            else:
+                wait += limits.probe_answered
+        parked = park(first, deadline, schedule, now, wait)
+        if parked is not None:
+            return Park(
+                reason, parked.tier, parked.not_before, first, deadline, carries_probe=carries
+            )
+    if not limits.parking and health.reopens_in is not None:
+        return Refused(first, deadline)
+    return Attempt(first, deadline, final=False)
+
+
+def _park_reason(
+    destination: Destination, health: Health, in_flight: int, limits: Limits
+) -> tuple[ParkReason, float] | None:
+    """Why (and for how many seconds) records for ``destination`` should wait rather than be
+    attempted now."""
+    if not limits.parking:
+        return None
+    if destination.max_in_flight is not None and in_flight >= destination.max_in_flight:
+        return ParkReason.IN_FLIGHT, IN_FLIGHT_WAIT
+    if health.reopens_in is not None:
+        return ParkReason.CIRCUIT_OPEN, max(MIN_PARK_WAIT, health.reopens_in)
+    if health.silence_ends_in is not None:
+        return ParkReason.SILENT, max(SILENT_WAIT, health.silence_ends_in)
+    if in_flight >= limits.unanswered and health.unproven:
+        return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
+    if health.rate_wait > RATE_WAIT_IN_FLIGHT:
+        return ParkReason.RATE_LIMITED, health.rate_wait
+    return None

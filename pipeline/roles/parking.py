@@ -1,0 +1,528 @@
+"""Parking: a delivery record its destination cannot take now waits in a retry tier as it is,
+undecoded, until it can.
+
+Everything about it is here: the schedule header, the plans, the batching of parked records,
+and the parker the router asks at routing time (the router depends on this module, not on the
+delivery handler).
+
+**One schedule per waiting record.** Every record in a retry tier carries a ``pipeline-schedule``
+header: its tier, when it is due, its retry window (first attempt, deadline) and its destination
+(``Schedule``). It is the record's schedule; its value holds the call and its attempts, and its
+own schedule fields are not read (a parked record's value is as it was when it was first parked:
+that is what makes parking cheap). Retries write the header as parking does. A record without
+the header (on ``deliveries``, never attempted; or written by an older version) is scheduled by
+its value.
+
+**Parked together, carried as one.** Records parked by one plan from one partition of one batch
+(a hanging destination's share of it) travel as one Kafka record carrying them all, up to
+``MAX_BYTES``, its ``PARTS_HEADER`` saying how many: one produce, one broker copy and one consume
+instead of one each. Its value is each part's key and value, one after the other:
+
+    key length (4 bytes, big-endian; -1: no key), value length (4 bytes), key, value
+
+so batches join by concatenation, and a part is read back without decoding anything.
+
+    >>> items = [(b"hooks/u1", b"first", 0), (None, b"second", 0)]
+    >>> [(m.key(), m.value()) for m in unpacked(packed(items), [])]
+    [(b'hooks/u1', b'first'), (None, b'second')]
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from pipeline.core.admission import (
+    FRESH,
+    MIN_PARK_WAIT,
+    Admission,
+    Limits,
+    Park,
+    ParkReason,
+    Window,
+    admit,
+)
+from pipeline.core.config import Destination
+from pipeline.core.endpoint_health import EndpointHealth, Health
+from pipeline.core.records import Delivery
+from pipeline.core.retry_schedule import RetrySchedule
+from pipeline.core.topics import Topics
+from pipeline.kafka.errors import Headed, Outgoing
+
+__all__ = [
+    "SCHEDULE_HEADER",
+    "PARTS_HEADER",
+    "MAX_BYTES",
+    "AT_ROUTING",
+    "Schedule",
+    "ParkPlan",
+    "Parking",
+    "ParkingBatch",
+    "RoutingParker",
+    "PartMessage",
+    "schedule_of",
+    "schedule_header",
+    "packed",
+    "unpacked",
+    "split_first",
+    "entry_size",
+]
+
+#: The header of every record in a retry tier: ``tier not_before first_attempt_at deadline
+#: destination`` (ASCII; epoch ms).
+SCHEDULE_HEADER = "pipeline-schedule"
+#: Its name before it was written on retries too (still read).
+_PARK_HEADER = "pipeline-park"
+#: The header of a parked record that carries several: how many (ASCII digits).
+PARTS_HEADER = "pipeline-parked-parts"
+#: A parked batch carries at most this many bytes of records (Kafka refuses records over 1 MB by
+#: default, ``message.max.bytes``): past it, the next records start another batch.
+MAX_BYTES = 256 * 1024
+#: Why the router parks a fresh record itself: its destination's endpoints are down or hang. A
+#: destination at its in-flight limit or over its rate is decided on arrival, where the records
+#: ahead of it have been counted (the router runs ahead of delivery).
+AT_ROUTING = frozenset({ParkReason.CIRCUIT_OPEN, ParkReason.SILENT, ParkReason.UNANSWERED})
+
+Headers = list[tuple[str, str | bytes | None]]
+#: A parked-record counter (``pipeline_parked_total`` of one destination and reason).
+Counter = Any
+
+# ---- the schedule header -------------------------------------------------------------------------
+
+
+class Schedule(NamedTuple):
+    """A waiting record's schedule: retry tier ``tier``, due at ``not_before``, its retry window
+    (``first_attempt_at``, ``deadline``; epoch ms) and its destination; ``parts``: how many
+    records it carries (0: itself alone)."""
+
+    tier: int
+    not_before: int
+    first_attempt_at: int
+    deadline: int
+    destination: str
+    parts: int = 0
+
+    @property
+    def window(self) -> Window:
+        return Window(self.first_attempt_at, self.deadline)
+
+    def header(self) -> tuple[str, bytes]:
+        return schedule_header(
+            self.tier, self.not_before, self.first_attempt_at, self.deadline, self.destination
+        )
+
+    def applied_to(self, record: Delivery) -> Delivery:
+        """The decoded ``record`` with this schedule (the value's own fields are not read)."""
+        return record._replace(
+            tier=self.tier,
+            not_before=self.not_before,
+            first_attempt_at=self.first_attempt_at,
+            deadline=self.deadline,
+        )
+
+
+def schedule_header(
+    tier: int, not_before: int, first_attempt_at: int, deadline: int, destination: str
+) -> tuple[str, bytes]:
+    value = f"{tier} {not_before} {first_attempt_at} {deadline} {destination}"
+    return (SCHEDULE_HEADER, value.encode())
+
+
+def schedule_of(message: Any) -> Schedule | None:
+    """The schedule header of a consumed record (``None``: it has none, or one not ours)."""
+    headers = message.headers()  # a list of (name, bytes) on consumed records
+    if not headers:
+        return None
+    found = None
+    parts = 0
+    for name, value in headers:
+        if (name == SCHEDULE_HEADER or name == _PARK_HEADER) and isinstance(value, bytes):
+            try:
+                tier, not_before, first, deadline, destination = value.split(b" ", 4)
+                found = Schedule(
+                    int(tier), int(not_before), int(first), int(deadline), destination.decode()
+                )
+            except ValueError:
+                return None  # not ours: the value decides
+        elif name == PARTS_HEADER and isinstance(value, bytes) and value.isdigit():
+            parts = int(value)
+    if found is not None and parts:
+        return found._replace(parts=parts)
+    return found
+
+
+# ---- parked batches ------------------------------------------------------------------------------
+
+_LENGTHS = struct.Struct(">ii")
+
+
+class PartMessage:
+    """One record of a parked batch, answering what the handler asks of a consumed message."""
+
+    __slots__ = ("_key", "_value", "_headers")
+
+    def __init__(self, key: bytes | None, value: bytes, headers: Headers) -> None:
+        self._key = key
+        self._value = value
+        self._headers = headers
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> Headers:
+        return self._headers
+
+
+def entry_size(key: bytes | None, value: bytes | None) -> int:
+    """The bytes a record takes in a batch."""
+    return _LENGTHS.size + len(key or b"") + len(value or b"")
+
+
+def packed(items: Iterable[tuple[bytes | None, bytes | None, int]]) -> bytes:
+    """The value of a batch of ``items``: (key, value, parts), where ``parts`` 0 says the value
+    is a record's, and more that it is a batch's of that many records (joined as it is)."""
+    pieces: list[bytes] = []
+    for key, value, parts in items:
+        if parts:
+            pieces.append(value or b"")
+            continue
+        pieces += (
+            _LENGTHS.pack(-1 if key is None else len(key), len(value or b"")),
+            key or b"",
+            value or b"",
+        )
+    return b"".join(pieces)
+
+
+def unpacked(value: bytes | None, headers: Sequence[tuple[str, Any]]) -> list[PartMessage]:
+    """The records a batch's ``value`` carries, each with the batch's ``headers`` but the parts
+    count. Raises ``ValueError`` when the value is not a batch's (cut short, or lengths that do
+    not add up)."""
+    data = value or b""
+    kept = [header for header in headers if header[0] != PARTS_HEADER]
+    parts: list[PartMessage] = []
+    at = 0
+    while at < len(data):
+        key, part, at = _entry(data, at)
+        parts.append(PartMessage(key, part, kept))
+    if not parts:
+        raise ValueError("an empty batch")
+    return parts
+
+
+def split_first(value: bytes | None) -> tuple[bytes | None, bytes, bytes]:
+    """A batch's first record (key, value) and the rest of the batch, its bytes as they are (a
+    batch of the others). Raises ``ValueError`` when the value does not start with a whole
+    record.
+
+    >>> split_first(packed([(b"k1", b"first", 0), (None, b"second", 0)]))[:2]
+    (b'k1', b'first')
+    """
+    data = value or b""
+    key, first, end = _entry(data, 0)
+    return key, first, data[end:]
+
+
+def _entry(data: bytes, at: int) -> tuple[bytes | None, bytes, int]:
+    """The record (key, value) written at byte ``at`` of a batch's value ``data``, and where the
+    next one starts. Raises ``ValueError`` when it is not all there."""
+    try:
+        key_length, value_length = _LENGTHS.unpack_from(data, at)
+    except struct.error as exc:
+        raise ValueError(f"a batch cut short at byte {at} of {len(data)}: {exc}") from None
+    start = at + _LENGTHS.size
+    stop = start + max(key_length, 0)
+    end = stop + value_length
+    if value_length < 0 or end > len(data):
+        raise ValueError(f"a part of {value_length} bytes past the batch's end")
+    return (None if key_length < 0 else data[start:stop]), data[stop:end], end
+
+
+# ---- plans ---------------------------------------------------------------------------------------
+
+
+class ParkPlan(NamedTuple):
+    """Where a parked record goes and its schedule header; ``counter``: the count of records
+    parked for its destination and reason; ``carries_probe``: it comes back alone (the plan
+    holds for no other record)."""
+
+    topic: str
+    headers: Headers
+    counter: Counter
+    carries_probe: bool
+
+    def parked_record(self, key: bytes | None, value: bytes | None, parts: int = 0) -> Headed:
+        """The record (``key``, ``value``; a batch of ``parts`` records, if any) parked by this
+        plan, counted: the same bytes, the plan in a header."""
+        self.counter.inc(parts or 1)
+        return (self.topic, key, value, self._headers_of(parts) if parts else self.headers)
+
+    def batch(self, items: Sequence[tuple[bytes | None, bytes | None, int]]) -> Headed:
+        """One record carrying ``items`` (key, value, parts: 0 for a record alone), counted."""
+        if len(items) == 1:
+            return self.parked_record(*items[0])
+        parts = sum(count or 1 for _, _, count in items)
+        self.counter.inc(parts)
+        return (self.topic, items[0][0], packed(items), self._headers_of(parts))
+
+    def _headers_of(self, parts: int) -> Headers:
+        return [*self.headers, (PARTS_HEADER, b"%d" % parts)]
+
+
+class Parking:
+    """Parking in one process: admissions with the probe carriers remembered, and the plans
+    they make. ``in_flight``: records being attempted per destination (the delivery handler's
+    count, which the router's parker reads too); ``schedules``: a destination's retry schedule;
+    ``counters``: the parked-record counter of a destination and reason."""
+
+    def __init__(
+        self,
+        *,
+        health: EndpointHealth,
+        in_flight: Mapping[str, int],
+        schedules: Callable[[Destination | None], RetrySchedule],
+        topics: Topics,
+        limits: Limits,
+        counters: Callable[[str, ParkReason], Counter],
+    ) -> None:
+        self.health = health
+        self.in_flight = in_flight
+        self.schedules = schedules
+        self.limits = limits
+        self._retry_topics = topics.retry
+        self._counters = counters
+        #: Per destination, the reopening of its circuits a parked record comes back for (to
+        #: take the probe); its other records come back once the probe has answered.
+        self._carriers: dict[str, float] = {}
+
+    def admit(
+        self,
+        destination: Destination | None,
+        window: Window,
+        now: float,
+        reasons: frozenset[ParkReason] | None = None,
+    ) -> Admission:
+        """``pipeline.core.admission.admit`` for a record of ``destination`` now."""
+        health = (
+            self.health.snapshot(destination)
+            if destination is not None and destination.enabled
+            else _NO_HEALTH
+        )
+        in_flight = 0 if destination is None else self.in_flight.get(destination.id, 0)
+        carried = None if destination is None else self._carriers.get(destination.id)
+        admission = admit(
+            destination,
+            health,
+            in_flight,
+            window,
+            self.schedules(destination),
+            now,
+            self.limits,
+            probe_carried_at=carried,
+            reasons=reasons,
+        )
+        if isinstance(admission, Park) and admission.carries_probe:
+            assert destination is not None and health.reopens_in is not None
+            self._carriers[destination.id] = now + max(MIN_PARK_WAIT, health.reopens_in)
+        return admission
+
+    def plan(self, destination: str, park: Park) -> ParkPlan:
+        """The plan of a ``Park`` admission for a record of ``destination``."""
+        header = schedule_header(
+            park.tier, park.not_before, park.first_attempt_at, park.deadline, destination
+        )
+        return ParkPlan(
+            self._retry_topics[park.tier],
+            [header],
+            self._counters(destination, park.reason),
+            park.carries_probe,
+        )
+
+    def batch(self, now: float) -> ParkingBatch:
+        return ParkingBatch(self, now)
+
+    def routing_parker(self, destinations: Mapping[str, Destination]) -> RoutingParker:
+        """The parker of one router batch (see ``RoutingParker``); ``destinations``: the live
+        config's."""
+        return RoutingParker(ParkingBatch(self, time.time()), destinations)
+
+
+_NO_HEALTH = Health()
+
+
+class _Group:
+    """Records parked by one plan from one partition (``size``: their bytes in a batch);
+    ``out`` gets the record carrying them."""
+
+    __slots__ = ("plan", "out", "items", "size")
+
+    def __init__(self, plan: ParkPlan) -> None:
+        self.plan = plan
+        self.out: list[Outgoing | Headed] = []
+        self.items: list[tuple[bytes | None, bytes | None, int]] = []
+        self.size = 0
+
+
+class ParkingBatch:
+    """The admissions and parked records of one consumed batch.
+
+    Admissions are kept by destination and retry window for the rest of the batch where they
+    hold: a plan to park does (nothing it depends on changes while the batch is handled but
+    in-flight counts, which grow), unless it carries the probe (only one record does); an answer
+    not to park does for records that start no request (``undecoded``). So a hanging
+    destination's backlog costs one admission a batch, not one a record.
+
+    Records parked by one plan from one partition go out as one Kafka record carrying them all,
+    up to ``MAX_BYTES``: the first one's hand-off produces it (``close``), the others' produce
+    nothing, and all are finished when the batch's records are acknowledged."""
+
+    __slots__ = ("_parking", "_now", "_undecoded", "_decoded", "_plans", "_groups", "_all")
+
+    def __init__(self, parking: Parking, now: float) -> None:
+        self._parking = parking
+        self._now = now
+        self._undecoded: dict[tuple[str | None, Window], Admission] = {}
+        self._decoded: dict[tuple[str | None, Window], Admission] = {}
+        #: The plan of each kept ``Park`` (by its identity; the admission is kept alive here).
+        self._plans: dict[int, tuple[Park, ParkPlan]] = {}
+        self._groups: dict[tuple[int, object], _Group] = {}
+        self._all: list[_Group] = []
+
+    def admit(
+        self, destination: Destination | None, window: Window, *, undecoded: bool
+    ) -> Admission:
+        """The admission of a record of ``destination`` with ``window``; ``undecoded``: asked
+        before its decode, of a record that starts no request either way."""
+        kept = self._undecoded if undecoded else self._decoded
+        key = (None if destination is None else destination.id, window)
+        found = kept.get(key)
+        if found is None:
+            found = self._parking.admit(destination, window, self._now)
+            if isinstance(found, Park):
+                if not found.carries_probe:
+                    kept[key] = found
+            elif undecoded:
+                kept[key] = found
+        return found
+
+    def park(
+        self,
+        destination: Destination,
+        park: Park,
+        source: object,
+        key: bytes | None,
+        value: bytes | None,
+        parts: int = 0,
+    ) -> list[Outgoing | Headed]:
+        """Park (``key``, ``value``: a batch of ``parts``, if any) from ``source`` (its partition)
+        as ``park`` says; what its hand-off produces (a list ``close`` fills in for the first
+        record of a group). A batch that comes back to carry the probe is split: its first record
+        carries it, alone, and the others go on together, back once the probe has answered, as
+        the other records of the reopening do."""
+        if park.carries_probe:
+            plan = self._parking.plan(destination.id, park)
+            if parts > 1:
+                return self._carried_by_first(plan, destination, park, key, value, parts)
+            return [plan.parked_record(key, value, parts)]
+        known = self._plans.get(id(park))
+        if known is None:
+            known = self._plans[id(park)] = (park, self._parking.plan(destination.id, park))
+        plan = known[1]
+        size = entry_size(key, value)
+        group = self._groups.get((id(park), source))
+        if group is None or group.size + size > MAX_BYTES:
+            group = self._groups[(id(park), source)] = _Group(plan)
+            self._all.append(group)
+            out = group.out
+        else:
+            out = []
+        group.items.append((key, value, parts))
+        group.size += size
+        return out
+
+    def _carried_by_first(
+        self,
+        plan: ParkPlan,
+        destination: Destination,
+        park: Park,
+        key: bytes | None,
+        value: bytes | None,
+        parts: int,
+    ) -> list[Outgoing | Headed]:
+        try:
+            first_key, first_value, rest = split_first(value)
+            next_key, next_value, after = split_first(rest)
+        except ValueError:  # it will not read back: parked as it is, dead-lettered when due
+            return [plan.parked_record(key, value, parts)]
+        window = Window(park.first_attempt_at, park.deadline)
+        others = self._parking.admit(destination, window, self._now)
+        if not isinstance(others, Park) or others.carries_probe:
+            return [plan.parked_record(key, value, parts)]
+        rest_plan = self._parking.plan(destination.id, others)
+        return [
+            plan.parked_record(first_key, first_value),
+            rest_plan.parked_record(next_key, rest, parts - 1)
+            if after
+            else rest_plan.parked_record(next_key, next_value),
+        ]
+
+    def close(self) -> list[Headed]:
+        """Each group's record, into its first record's hand-off; returned too."""
+        made = [group.plan.batch(group.items) for group in self._all]
+        for group, record in zip(self._all, made, strict=True):
+            group.out.append(record)
+        self._all.clear()
+        self._groups.clear()
+        return made
+
+
+class RoutingParker:
+    """Asked by the router of each fresh delivery record of one batch: is it parked? (Then it
+    is kept here, and goes out with the others in ``records``: one record per destination.)
+
+    The router parks a record itself when this process would park it on arrival because its
+    destination's endpoints are down or hang (``AT_ROUTING``): one produce instead of a produce,
+    a consume, a decode and a produce again. The router routes a batch without yielding, so
+    nothing the answer depends on changes meanwhile (bar the clock, by milliseconds): it is
+    asked once per destination and batch, and kept where it holds."""
+
+    __slots__ = ("_batch", "_destinations", "_answers", "_alone", "parked")
+
+    def __init__(self, batch: ParkingBatch, destinations: Mapping[str, Destination]) -> None:
+        self._batch = batch
+        self._destinations = destinations
+        self._answers: dict[str, Park | None] = {}
+        self._alone: list[Headed] = []  # the probe's carriers
+        self.parked = 0
+
+    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
+        park = self._answers.get(destination, _UNASKED)
+        found = self._destinations.get(destination)
+        if park is _UNASKED:
+            parking = self._batch._parking
+            admission = parking.admit(found, FRESH, self._batch._now, AT_ROUTING)
+            park = admission if isinstance(admission, Park) else None
+            if park is None or not park.carries_probe:
+                self._answers[destination] = park
+        if park is None or found is None:
+            return False
+        if park.carries_probe:
+            plan = self._batch._parking.plan(destination, park)
+            self._alone.append(plan.parked_record(key, value))
+        else:
+            self._batch.park(found, park, None, key, value)  # its record comes from ``close``
+        self.parked += 1
+        return True
+
+    def records(self) -> list[Headed]:
+        """The parked records, batched (once, when the batch is routed)."""
+        return [*self._alone, *self._batch.close()]
+
+
+#: ``RoutingParker``'s answer for a destination it has not asked about yet in its batch.
+_UNASKED: Any = object()
