@@ -21,6 +21,7 @@ from aiohttp import web
 from pipeline.core.settings import Settings
 from pipeline.http.console._auth import Sessions, security_middleware
 from pipeline.http.console._backend import Console
+from pipeline.http.console._destination_views import DestinationViews
 from pipeline.http.console._login_views import LoginViews
 from pipeline.http.console._views import Views
 
@@ -58,7 +59,8 @@ def make_console_app(
         # One path segment, whatever it holds (a messageId may hold "/" or ".."): |path.
         filters={"path": lambda value: quote(str(value), safe="")},
     )
-    for views in (LoginViews, Views):  # in this order: a group's routes match before the next's
+    # Routes match in the order they were added: each group's, in this order.
+    for views in (LoginViews, DestinationViews, Views):
         views(console, sessions).add_routes(app)
     app.router.add_static("/static/", _HERE / "static", append_version=False)
 

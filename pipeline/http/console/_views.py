@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -14,25 +13,16 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from pipeline.core.calls import CallType, new_message_id, parse_call
-from pipeline.core.config import ConfigTable, Destination, Source, config_data, validate_config
-from pipeline.core.console import (
-    Bar,
-    FormError,
-    bars,
-    destination_data,
-    destination_form,
-    mask_key,
-    problems_by_field,
-    webhook_rows,
-)
+from pipeline.core.config import Source
+from pipeline.core.console import mask_key
 from pipeline.core.durations import HOUR_MS
-from pipeline.core.exceptions import ConfigError, InvalidCall
+from pipeline.core.exceptions import InvalidCall
 from pipeline.core.render import render_body
 from pipeline.core.timestamps import now_ms, parse_when
 from pipeline.http.console import _page
-from pipeline.http.console._page import local_path, redirect, session_of
+from pipeline.http.console._page import redirect, session_of
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
-from pipeline.store import LOG_STATES, DestinationStats, LogQuery
+from pipeline.store import LOG_STATES, LogQuery
 
 __all__ = ["Views"]
 
@@ -50,37 +40,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Tile:
-    """One destination on the overview."""
-
-    destination: Destination
-    stats: DestinationStats | None
-    circuit_open: bool
-    dead_24h: int
-    bars: list[Bar]
-
-    @property
-    def problem(self) -> int:
-        """How much is wrong; the overview lists the worst first."""
-        ratio = self.stats.success_ratio if self.stats else None
-        return (
-            (2 if self.circuit_open else 0)
-            + (1 if ratio is not None and ratio < 0.99 else 0)
-            + (1 if self.dead_24h else 0)
-            + (1 if not self.destination.enabled else 0)
-        )
-
-
 class Views(_page.Views):
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/", self.overview)
-        app.router.add_get("/destinations", self.destinations)
-        app.router.add_get("/destinations/new", self.new_destination)
-        app.router.add_post("/destinations/new", self.create_destination)
-        app.router.add_get("/destinations/{id}", self.destination)
-        app.router.add_post("/destinations/{id}", self.save_destination)
-        app.router.add_post("/destinations/{id}/toggle", self.toggle_destination)
         app.router.add_get("/sources", self.sources)
         app.router.add_get("/sources/{id}", self.source)
         app.router.add_post("/sources/{id}/reveal", self.reveal_key)
@@ -92,167 +53,6 @@ class Views(_page.Views):
         app.router.add_get("/dead-letters/jobs/{id}", self.replay_job)
         app.router.add_get("/test-event", self.test_event)
         app.router.add_post("/test-event", self.send_test_event)
-
-    # ---- overview -------------------------------------------------------------------------------
-
-    async def overview(self, request: web.Request) -> web.Response:
-        now = now_ms()
-        table = self.console.table
-        since = now - HOUR_MS
-        start_hour = now - now % HOUR_MS - 23 * HOUR_MS
-        stats = await self.console.query(lambda store: store.stats(since)) or []
-        hourly = await self.console.query(lambda store: store.hourly(start_hour)) or {}
-        by_id = {s.destination: s for s in stats}
-        tiles = []
-        for dest in table.destinations.values():
-            hours = hourly.get(dest.id, [])
-            tiles.append(
-                Tile(
-                    dest,
-                    by_id.get(dest.id),
-                    self.console.events.circuits_open(dest.id),
-                    sum(h.dead_lettered for h in hours),
-                    bars([(h.hour, h.delivered, h.failed) for h in hours], start_hour),
-                )
-            )
-        tiles.sort(key=lambda t: (-t.problem, t.destination.id))
-        return self._page(request, "overview.html", tiles=tiles)
-
-    # ---- destinations ---------------------------------------------------------------------------
-
-    async def destinations(self, request: web.Request) -> web.Response:
-        table = self.console.table
-        return self._page(
-            request,
-            "destinations.html",
-            destinations=sorted(table.destinations.values(), key=lambda d: d.id),
-        )
-
-    def _destination_or_404(self, request: web.Request) -> Destination:
-        dest = self.console.table.destinations.get(request.match_info["id"])
-        if dest is None:
-            raise web.HTTPNotFound(text=f"no destination {request.match_info['id']!r}")
-        return dest
-
-    def _destination_form(
-        self,
-        request: web.Request,
-        dest: Destination | None,
-        *,
-        form: dict[str, str] | None = None,
-        checked_sources: list[str] | None = None,
-        errors: dict[str, list[str]] | None = None,
-        status: int = 400,
-    ) -> web.Response:
-        table = self.console.table
-        rows = webhook_rows(dest)
-        if form is None:
-            form = {**destination_form(dest), "version": self._version_of(dest)}
-            checked_sources = list(dest.sources) if dest else []
-        else:  # the rows posted, however many (a form holds at most a few more than allowed)
-            posted = [int(k[4:]) for k in form if re.fullmatch(r"url_\d{1,2}", k)]
-            rows = max(rows, 1 + max(posted, default=0))
-        events = self.console.events.of(f"destination:{dest.id}") if dest is not None else []
-        origin = self.console.config.origin(f"destination:{dest.id}") if dest else None
-        return self._page(
-            request,
-            "destination.html",
-            status=status if errors else 200,
-            dest=dest,
-            form=form,
-            rows=range(rows),
-            sources=sorted(table.sources.values(), key=lambda s: s.id),
-            checked_sources=checked_sources or [],
-            errors=errors or {},
-            events=events,
-            origin=origin,
-        )
-
-    async def destination(self, request: web.Request) -> web.Response:
-        return self._destination_form(request, self._destination_or_404(request))
-
-    async def new_destination(self, request: web.Request) -> web.Response:
-        return self._destination_form(request, None)
-
-    async def save_destination(self, request: web.Request) -> web.Response:
-        return await self._save_destination(request, self._destination_or_404(request))
-
-    async def create_destination(self, request: web.Request) -> web.Response:
-        return await self._save_destination(request, None)
-
-    async def _save_destination(
-        self, request: web.Request, current: Destination | None
-    ) -> web.Response:
-        posted = await request.post()
-        form = {k: str(v) for k, v in posted.items() if k not in ("csrf", "source")}
-        checked = [str(s) for s in posted.getall("source", [])]
-        try:
-            data = destination_data(form, checked, current)
-        except FormError as exc:
-            errors = {exc.field: [str(exc)]}
-            return self._destination_form(
-                request, current, form=form, checked_sources=checked, errors=errors
-            )
-        if current is None and data["id"] in self.console.table.destinations:
-            errors = {"id": [f"id: a destination {data['id']!r} exists already"]}
-            return self._destination_form(
-                request, current, form=form, checked_sources=checked, errors=errors
-            )
-        try:
-            dest = _validated_destination(self.console.table, data)
-        except ConfigError as exc:
-            errors = problems_by_field(exc.problems, str(data["id"]))
-            return self._destination_form(
-                request, current, form=form, checked_sources=checked, errors=errors
-            )
-        session = session_of(request)
-        async with self.console.lock:
-            live = self.console.table.destinations.get(str(data["id"]))
-            if current is not None and form.get("version", "") != self._version_of(live):
-                origin = self.console.config.origin(f"destination:{current.id}")
-                who = f" by {origin.changed_by}" if origin and origin.changed_by else ""
-                stale = {
-                    "": [
-                        f"this destination was changed{who} since this form was opened: "
-                        "reload it to see the change (nothing was saved)"
-                    ]
-                }
-                return self._destination_form(
-                    request, live, form=form, checked_sources=checked, errors=stale, status=409
-                )
-            if live is not None:  # the pipeline's own marks stay unless the state changed
-                dest = _keep_disable_marks(live, dest)
-            changed = await self.console.save(dest, session.who)
-        flash = f"saved: {', '.join(changed)}" if changed else "nothing changed"
-        raise redirect(f"/destinations/{dest.id}", flash, session)
-
-    def _version_of(self, dest: Destination | None) -> str:
-        """What the form carries to tell whether the destination changed since it was opened:
-        when its config record was last written."""
-        if dest is None:
-            return ""
-        origin = self.console.config.origin(f"destination:{dest.id}")
-        return str(origin.changed_at) if origin and origin.changed_at else ""
-
-    async def toggle_destination(self, request: web.Request) -> web.Response:
-        """Set the state the button asked for (not "the other one": a page open for a while
-        must not undo a change made since, such as the pipeline's auto-disable)."""
-        form = await request.post()
-        wanted = form.get("enabled")
-        if wanted not in ("0", "1"):
-            raise web.HTTPBadRequest(text="enabled: must be 0 or 1")
-        session = session_of(request)
-        back = local_path(str(form.get("back", "/destinations")), "/destinations")
-        async with self.console.lock:
-            dest = self._destination_or_404(request)
-            state = "enabled" if wanted == "1" else "disabled"
-            if dest.enabled == (wanted == "1"):
-                raise redirect(back, f"{dest.id} is {state} already", session)
-            toggled = dest.model_copy(
-                update={"enabled": wanted == "1", "disabled_reason": None, "disabled_at": None}
-            )
-            await self.console.save(toggled, session.who)
-        raise redirect(back, f"{dest.id} {state}", session)
 
     # ---- sources --------------------------------------------------------------------------------
 
@@ -507,23 +307,3 @@ class Views(_page.Views):
             },
             **again,
         )
-
-
-def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destination:
-    """The destination ``data`` describes, validated within the live config as ``config apply``
-    would validate the file (``ConfigError`` with its words otherwise)."""
-    whole = config_data(table)
-    others = [d for d in whole["destinations"] if d["id"] != data["id"]]
-    index = len(others)
-    whole["destinations"] = [*others, data]
-    config = validate_config(whole)
-    dest: Destination = config.destinations[index]
-    return dest
-
-
-def _keep_disable_marks(current: Destination, new: Destination) -> Destination:
-    if new.enabled == current.enabled and current.disabled_reason:
-        return new.model_copy(
-            update={"disabled_reason": current.disabled_reason, "disabled_at": current.disabled_at}
-        )
-    return new
