@@ -13,9 +13,6 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from pipeline.core.calls import CallType, new_message_id, parse_call
-from pipeline.core.config import Source
-from pipeline.core.console import mask_key
-from pipeline.core.durations import HOUR_MS
 from pipeline.core.exceptions import InvalidCall
 from pipeline.core.render import render_body
 from pipeline.core.timestamps import now_ms, parse_when
@@ -26,8 +23,6 @@ from pipeline.store import LOG_STATES, LogQuery
 
 __all__ = ["Views"]
 
-#: The source schema page lists the track events seen this long (seed §4.3 rule 7).
-SCHEMA_WINDOW_MS = 7 * 24 * HOUR_MS
 #: What the test-event form starts with, per call type.
 SAMPLES: dict[str, dict[str, Any]] = {
     "identify": {"userId": "test-user", "traits": {"email": "test@example.com"}},
@@ -42,10 +37,6 @@ SAMPLES: dict[str, dict[str, Any]] = {
 
 class Views(_page.Views):
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/sources", self.sources)
-        app.router.add_get("/sources/{id}", self.source)
-        app.router.add_post("/sources/{id}/reveal", self.reveal_key)
-        app.router.add_post("/sources/{id}/events", self.block_event)
         app.router.add_get("/messages", self.messages)
         app.router.add_get("/messages/{message_id:.+}", self.trace)  # an id may hold "/"
         app.router.add_get("/dead-letters", self.dead_letters)
@@ -53,71 +44,6 @@ class Views(_page.Views):
         app.router.add_get("/dead-letters/jobs/{id}", self.replay_job)
         app.router.add_get("/test-event", self.test_event)
         app.router.add_post("/test-event", self.send_test_event)
-
-    # ---- sources --------------------------------------------------------------------------------
-
-    async def sources(self, request: web.Request) -> web.Response:
-        table = self.console.table
-        return self._page(
-            request,
-            "sources.html",
-            sources=sorted(table.sources.values(), key=lambda s: s.id),
-            mask_key=mask_key,
-            destinations_of=lambda s: [
-                d.id for d in table.destinations.values() if s.id in d.sources
-            ],
-        )
-
-    def _source_or_404(self, request: web.Request) -> Source:
-        source = self.console.table.sources.get(request.match_info["id"])
-        if source is None:
-            raise web.HTTPNotFound(text=f"no source {request.match_info['id']!r}")
-        return source
-
-    async def source(self, request: web.Request, revealed: int | None = None) -> web.Response:
-        source = self._source_or_404(request)
-        since = now_ms() - SCHEMA_WINDOW_MS
-        names = await self.console.query(lambda store: store.event_names(source.id, since))
-        seen = {n.name for n in names or []}
-        blocked_unseen = [name for name in source.blocked_events if name not in seen]
-        return self._page(
-            request,
-            "source.html",
-            source=source,
-            names=names or [],
-            blocked=set(source.blocked_events),
-            blocked_unseen=blocked_unseen,
-            revealed=revealed,
-            mask_key=mask_key,
-            events=self.console.events.of(f"source:{source.id}"),
-            origin=self.console.config.origin(f"source:{source.id}"),
-        )
-
-    async def reveal_key(self, request: web.Request) -> web.Response:
-        source = self._source_or_404(request)
-        form = await request.post()
-        try:
-            index = int(str(form.get("key", "")))
-            source.write_keys[index]
-        except (ValueError, IndexError):
-            raise web.HTTPBadRequest(text="key: no such write key") from None
-        return await self.source(request, revealed=index)
-
-    async def block_event(self, request: web.Request) -> web.Response:
-        form = await request.post()
-        name = str(form.get("event", ""))
-        action = form.get("action")
-        if not name or action not in ("block", "unblock"):
-            raise web.HTTPBadRequest(text="event and action (block or unblock) are required")
-        session = session_of(request)
-        async with self.console.lock:  # read, change and write with no other save between
-            source = self._source_or_404(request)
-            blocked = [n for n in source.blocked_events if n != name]
-            if action == "block":
-                blocked.append(name)
-            updated = source.model_copy(update={"blocked_events": blocked})
-            await self.console.save(updated, session.who)
-        raise redirect(f"/sources/{source.id}", f"{name!r} {action}ed", session)
 
     # ---- messages -------------------------------------------------------------------------------
 
