@@ -23,8 +23,8 @@ from pipeline.http.console._auth import Sessions, security_middleware
 from pipeline.http.console._backend import Console
 from pipeline.http.console._destination_views import DestinationViews
 from pipeline.http.console._login_views import LoginViews
+from pipeline.http.console._message_views import MessageViews
 from pipeline.http.console._source_views import SourceViews
-from pipeline.http.console._views import Views
 
 __all__ = ["make_console_app", "loopback"]
 
@@ -61,7 +61,7 @@ def make_console_app(
         filters={"path": lambda value: quote(str(value), safe="")},
     )
     # Routes match in the order they were added: each group's, in this order.
-    for views in (LoginViews, DestinationViews, SourceViews, Views):
+    for views in (LoginViews, DestinationViews, SourceViews, MessageViews):
         views(console, sessions).add_routes(app)
     app.router.add_static("/static/", _HERE / "static", append_version=False)
 

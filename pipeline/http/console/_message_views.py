@@ -1,4 +1,6 @@
-"""The console's pages: one handler per page and form; the templates draw them."""
+"""The messages: finding them and reading one's trace, the dead letters and their replay (a dry
+run counts them first, then a job replays them), and a test event sent to a destination.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ from pipeline.core.calls import CallType, new_message_id, parse_call
 from pipeline.core.exceptions import InvalidCall
 from pipeline.core.render import render_body
 from pipeline.core.timestamps import now_ms, parse_when
-from pipeline.http.console import _page
-from pipeline.http.console._page import redirect, session_of
+from pipeline.http.console._page import Views, redirect, session_of
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
 from pipeline.store import LOG_STATES, LogQuery
 
-__all__ = ["Views"]
+__all__ = ["MessageViews"]
 
 #: What the test-event form starts with, per call type.
 SAMPLES: dict[str, dict[str, Any]] = {
@@ -35,7 +36,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
-class Views(_page.Views):
+class MessageViews(Views):
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/messages", self.messages)
         app.router.add_get("/messages/{message_id:.+}", self.trace)  # an id may hold "/"
