@@ -34,12 +34,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.calls import Call
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
-from pipeline.core.log_entries import LOG_BATCH_BYTES, LogEntry, LogKind, LogRecord, log_batch
-from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.log_entries import (
+    LOG_BATCH_BYTES,
+    LogEntry,
+    LogKind,
+    LogRecord,
+    call_log_record,
+    conclusion_log_record,
+    log_batch,
+)
+from pipeline.core.outcomes import Failure, Outcome, UrlResult
 from pipeline.core.records import Delivery
 from pipeline.kafka.avro_writer import (
     LONGS,
@@ -54,62 +62,99 @@ from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.producer import AsyncProducer
 
 __all__ = [
-    "DeliveredArgs",
+    "Delivered",
     "LogBatcher",
+    "LogRecordValue",
+    "Routed",
     "decode_log_records",
     "delivered_log_body",
     "log_batch_records",
     "read_log_batch",
-    "RoutedArgs",
     "routed_log_body",
-    "writes_bodies",
-    "written",
 ]
 log = logging.getLogger("pipeline.log")
 
 Record = dict[str, Any]
-#: A ``LogRecord``: the codec's dict, or its Avro body (``routed_log_body``, ...).
-LogRecordValue = Record | bytes
-#: ``routed_log_body``'s and ``delivered_log_body``'s arguments: a body not written yet
-#: (``written``).
-RoutedArgs = tuple[Call, int, int, list[str]]
-DeliveredArgs = tuple[Delivery, list[UrlResult], float, float]
 
 
-def writes_bodies(codec: RecordCodec) -> bool:
-    """Does ``codec`` take ``LogRecord`` bodies (bytes) in ``log_batch_records``?"""
-    return isinstance(codec, Codec)
+class Routed(NamedTuple):
+    """The router's record of a call routed, no destination left out, no body logged (as
+    ``call_log_record(call, size, at, destinations=destinations)`` makes it), not written yet."""
+
+    call: Call
+    size: int
+    at: int
+    destinations: list[str]
 
 
-def written(
-    records: Sequence[LogRecordValue | tuple[Any, ...]], write: Callable[..., bytes]
-) -> list[LogRecordValue]:
-    """``records`` with the bodies not written yet (``write``'s arguments) written.
+class Delivered(NamedTuple):
+    """The delivery handler's record of an attempt (``results``, begun at ``started``) that
+    delivered at ``finished``, not written yet."""
 
-    The router and the delivery handler hand their hot records over as arguments and have them
-    written here, a batch at a time, when the batch goes out: written one by one between the
-    other steps of routing or delivering a call, the two bodies took 8.7 µs a delivered call,
-    written in one loop 5.6 µs (measured in the worker, docs/decisions.md)."""
-    return [write(*record) if isinstance(record, tuple) else record for record in records]
+    delivery: Delivery
+    results: list[UrlResult]
+    started: float
+    finished: float
+
+
+#: A ``LogRecord`` to write: the codec's dict, its Avro body, or one of the two every delivered
+#: call makes, as its arguments: those are written a batch at a time, when the batch goes out,
+#: straight to Avro bytes with ``Codec`` (written one by one between the other steps of routing
+#: or delivering a call, the two bodies took 8.7 µs a delivered call, in one loop 5.6 µs).
+LogRecordValue = Record | bytes | Routed | Delivered
 
 
 def log_batch_records(
     codec: RecordCodec, topic: str, records: Sequence[LogRecordValue], key: bytes | None = None
 ) -> list[Outgoing]:
     """``records`` as the Kafka records to produce: one ``LogBatch``, cut in halves while larger
-    than ``LOG_BATCH_BYTES`` (a lone record goes whatever its size)."""
+    than ``LOG_BATCH_BYTES`` (a lone record goes whatever its size). With ``Codec`` the records
+    are written straight to Avro bodies; another codec (the Schema Registry's) gets dicts."""
     if isinstance(codec, Codec):
-        bodies = [
-            record if isinstance(record, bytes) else codec.encode("LogRecord", record)[_HEADER:]
-            for record in records
-        ]
-        return _batches_of_bodies(codec.header("LogBatch"), topic, key, bodies)
-    assert all(type(record) is dict for record in records), "bodies need the Codec"
-    value = codec.encode("LogBatch", log_batch(records))  # type: ignore[arg-type]
+        return _batches_of_bodies(
+            codec.header("LogBatch"), topic, key, [_body(codec, record) for record in records]
+        )
+    return _batches_of_records(codec, topic, [_record(r) for r in records], key)
+
+
+def _body(codec: Codec, record: LogRecordValue) -> bytes:
+    kind = type(record)
+    if kind is bytes:
+        return record  # type: ignore[return-value]
+    if kind is Routed:
+        return routed_log_body(*record)
+    if kind is Delivered:
+        return delivered_log_body(*record)
+    return codec.encode("LogRecord", record)[_HEADER:]  # type: ignore[arg-type]
+
+
+def _record(record: LogRecordValue) -> Record:
+    if isinstance(record, Routed):
+        return call_log_record(
+            record.call, record.size, record.at, destinations=record.destinations
+        )
+    if isinstance(record, Delivered):
+        before = record.delivery
+        return conclusion_log_record(
+            before,
+            Outcome.DELIVERED,
+            before,
+            record.finished,
+            results=record.results,
+            started=record.started,
+        )
+    assert isinstance(record, dict), "Avro bodies need the Codec"
+    return record
+
+
+def _batches_of_records(
+    codec: RecordCodec, topic: str, records: list[Record], key: bytes | None
+) -> list[Outgoing]:
+    value = codec.encode("LogBatch", log_batch(records))
     if len(value) <= LOG_BATCH_BYTES or len(records) == 1:
         return [(topic, key, value)]
     half = len(records) // 2
-    return log_batch_records(codec, topic, records[:half], key) + log_batch_records(
+    return _batches_of_records(codec, topic, records[:half], key) + _batches_of_records(
         codec, topic, records[half:], key
     )
 
@@ -532,13 +577,11 @@ class LogBatcher:
         self._codec = codec
         self._topic = topic
         self._stop = stop
-        self._pending: list[LogRecordValue | DeliveredArgs] = []
+        self._pending: list[LogRecordValue] = []
         self._then: list[tuple[Callable[[Any], object], Any]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    def add(
-        self, record: LogRecordValue | DeliveredArgs, then: Callable[[Any], object], arg: Any
-    ) -> None:
+    def add(self, record: LogRecordValue, then: Callable[[Any], object], arg: Any) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(record)
@@ -553,11 +596,11 @@ class LogBatcher:
 
     async def _send(
         self,
-        records: list[LogRecordValue | DeliveredArgs],
+        records: list[LogRecordValue],
         then: list[tuple[Callable[[Any], object], Any]],
     ) -> None:
         try:
-            out = log_batch_records(self._codec, self._topic, written(records, delivered_log_body))
+            out = log_batch_records(self._codec, self._topic, records)
             await self._producer.send_all_until_acked(out, self._stop)
         except BrokerUnavailable as exc:  # stopping: what is not finished is read again
             log.warning("delivery log: %d records unacknowledged at stop: %s", len(records), exc)

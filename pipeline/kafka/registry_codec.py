@@ -32,11 +32,12 @@ import copy
 import functools
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.exceptions import PipelineError, UndecodableRecord
+from pipeline.core.records import Delivery, delivery_to_record
 from pipeline.core.settings import Settings
 from pipeline.kafka.codec import _SCHEMA_FILES, MAGIC, Codec, schema_dir
 
@@ -289,6 +290,13 @@ class RegistryCodec:
         data = self._serializers[name](record, None)
         assert data is not None
         return data
+
+    def delivery_values(self, first: Delivery, destinations: Sequence[str]) -> list[bytes]:
+        """``RecordCodec.delivery_values``: each encoded."""
+        return [
+            self.encode("Delivery", delivery_to_record(first._replace(destination_id=name)))
+            for name in destinations
+        ]
 
     def decode(self, name: str, data: bytes | None) -> dict[str, Any]:
         """The record as our current schema ``name`` sees it; ``UndecodableRecord`` when the bytes

@@ -51,15 +51,7 @@ from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.events import EventEmitter
-from pipeline.kafka.log_batches import (
-    DeliveredArgs,
-    LogBatcher,
-    LogRecordValue,
-    delivered_log_body,
-    log_batch_records,
-    writes_bodies,
-    written,
-)
+from pipeline.kafka.log_batches import Delivered, LogBatcher, LogRecordValue, log_batch_records
 from pipeline.kafka.producer import AsyncProducer, Outgoing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_outcomes import (
@@ -87,9 +79,8 @@ log = logging.getLogger("pipeline.deliver")
 #: pausing alone made every retry that late.
 HOLD_SECONDS = 1.0
 
-#: What a record's hand-off logs: the codec's dict, Avro bytes, or a delivered record's
-#: arguments (written with its batch).
-Logged = LogRecordValue | DeliveredArgs | None
+#: What a record's hand-off logs (``None``: nothing, the log is off).
+Logged = LogRecordValue | None
 
 
 class Sender(Protocol):
@@ -213,7 +204,6 @@ class DeliveryHandler:
         self._owned: set[tuple[str, int]] = set()
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
-        self._bodies_direct = writes_bodies(self._codec)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
         self._deleted: Mapping[str, int] = {} if deleted is None else deleted
 
@@ -416,8 +406,7 @@ class DeliveryHandler:
         records = [record for _, hand_off in handed for record in hand_off.out]
         logged = [hand_off.logged for _, hand_off in handed if hand_off.logged is not None]
         if logged:  # only made when the log is on
-            bodies = written(logged, delivered_log_body)
-            records += log_batch_records(self._codec, self._topics.log, bodies)
+            records += log_batch_records(self._codec, self._topics.log, logged)
         await self._producer.send_all_until_acked(records, self._stop)
         for consumed, _ in handed:
             loop.finish(consumed)
@@ -511,8 +500,8 @@ class DeliveryHandler:
         counted.outcomes[outcome].inc()
         logged: Logged = None
         if self._log is not None:
-            if outcome is Outcome.DELIVERED and self._bodies_direct:
-                logged = (before, list(results), started, finished)  # written with its batch
+            if outcome is Outcome.DELIVERED:
+                logged = Delivered(before, list(results), started, finished)
             else:
                 reason = conclusion.reason or ("" if conclusion.requested else "circuit_open")
                 logged = conclusion_log_record(
@@ -522,7 +511,7 @@ class DeliveryHandler:
                     finished,
                     results=results,
                     started=started,
-                    reason=str(reason) if outcome is not Outcome.DELIVERED else "",
+                    reason=str(reason),
                 )
         if outcome is Outcome.DELIVERED:
             if not record.replays:  # a replay's call arrived long ago: not the pipeline's latency

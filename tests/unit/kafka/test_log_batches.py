@@ -26,13 +26,14 @@ from pipeline.core.outcomes import Failure, Outcome, UrlResult
 from pipeline.core.records import Attempt, Delivery
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_batches import (
+    Delivered,
     LogBatcher,
+    Routed,
     decode_log_records,
     delivered_log_body,
     log_batch_records,
     read_log_batch,
     routed_log_body,
-    written,
 )
 from pipeline.kafka.registry_codec import RegistryCodec
 
@@ -121,7 +122,7 @@ def test_a_delivered_calls_arguments_are_written_when_its_batch_goes() -> None:
     async def go() -> None:
         batcher = LogBatcher(producer, CODEC, "t.log", asyncio.Event())  # type: ignore[arg-type]
         batcher.add(record("m0"), finished.append, 0)
-        batcher.add((before, results, 7.0, 7.5), finished.append, 1)
+        batcher.add(Delivered(before, results, 7.0, 7.5), finished.append, 1)
         await batcher.aclose()
 
     asyncio.run(go())
@@ -133,14 +134,30 @@ def test_a_delivered_calls_arguments_are_written_when_its_batch_goes() -> None:
     assert finished == [0, 1]
 
 
-def test_written_writes_only_the_arguments() -> None:
+class DictsOnly:
+    """A codec that takes dicts only (as the Schema Registry's does)."""
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        assert isinstance(record, dict)
+        return CODEC.encode(name, record)
+
+
+def test_the_hot_records_go_as_dicts_to_a_codec_without_avro_bodies() -> None:
+    """Roles hand ``Routed`` and ``Delivered`` over whatever the codec; ``log_batch_records``
+    writes them straight to Avro bodies with ``Codec`` and as the dict builders' dicts with
+    another codec: the same records either way."""
     call = Call(CallType.TRACK, "m9", "web", timestamp=1, received_at=1, user_id="u", event="E")
-    body = routed_log_body(call, 10, 2, ["d"])
-    assert written([record("m1"), b"\x00", (call, 10, 2, ["d"])], routed_log_body) == [
-        record("m1"),
-        b"\x00",
-        body,
+    before = Delivery("m1", "d", "web", "track", b"{}", 1)
+    results = [UrlResult("http://h/a", 200, None, "", 0.01)]
+    entries = [record("m0"), Routed(call, 10, 2, ["d"]), Delivered(before, results, 7.0, 7.5)]
+    expected = [
+        record("m0"),
+        call_log_record(call, 10, 2, destinations=["d"]),
+        conclusion_log_record(before, Outcome.DELIVERED, before, 7.5, results=results, started=7.0),
     ]
+    for codec in (CODEC, DictsOnly()):
+        [(_, _, value)] = log_batch_records(codec, "t.log", entries)  # type: ignore[arg-type]
+        assert decode_log_records(CODEC, value) == expected
 
 
 def test_records_not_acknowledged_at_stop_are_not_finished() -> None:
