@@ -14,7 +14,6 @@ from pipeline.core.exceptions import (
     InvalidCall,
     PipelineError,
     UndecodableRecord,
-    UnknownWriteKey,
 )
 from pipeline.core.render import render_body
 from pipeline.core.settings import Settings
@@ -34,7 +33,6 @@ __all__ = [
     "PipelineError",
     "Settings",
     "UndecodableRecord",
-    "UnknownWriteKey",
     "__version__",
     "parse_call",
     "render_body",

@@ -52,6 +52,7 @@ from pipeline.core.durations import DURATION_HINT, duration_seconds, format_dura
 from pipeline.core.exceptions import ConfigError
 
 __all__ = [
+    "shown_write_key",
     "Source",
     "Destination",
     "Webhook",
@@ -64,6 +65,16 @@ __all__ = [
     "MAX_WEBHOOKS",
     "MAX_RETRY_DELAYS",
 ]
+
+
+def shown_write_key(key: str) -> str:
+    """A write key as an error message may show it: a long one cut to its first four characters
+    (it is a secret of its source).
+
+    >>> shown_write_key("wk_live_0123456789abcdef"), shown_write_key("short")
+    ('wk_l…', 'short')
+    """
+    return key if len(key) <= 8 else key[:4] + "…"
 
 #: Seed §2.1 and §8: at most five webhooks per destination.
 MAX_WEBHOOKS = 5

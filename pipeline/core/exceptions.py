@@ -3,12 +3,19 @@
     PipelineError
     ├── InvalidCall            a call breaks the call specification; fix the call (HTTP 400)
     │   └── CallTooLarge       a call over 32 KB, or a batch over 500 KB (HTTP 413)
-    ├── UnknownWriteKey        no source has this write key (HTTP 401)
     ├── ConfigError            a config file breaks a rule; nothing was written
     ├── BrokerUnavailable      Kafka did not acknowledge in time; nothing is known to be written,
-    │                          the sender retries (HTTP 503)
+    │                          the sender retries (HTTP 503); ``pipeline.kafka.cluster`` raises
+    │                          two kinds that waiting does not mend: a failed TLS handshake and
+    │                          a refused login
+    ├── StoreError             the delivery log's store cannot be used as it is (a newer schema,
+    │   │                      not a database, psycopg missing): ``pipeline.store``
+    │   └── StoreUnavailable   the store cannot be reached or opened now; fix the URL or server
     └── UndecodableRecord      a Kafka record is not one of our Avro records (dead letter
                                ``undecodable``)
+
+Settings that cannot work are a ``ValueError`` (``pipeline.core.settings.SettingsError``), found
+before anything connects.
 
 Delivery outcomes are values, not exceptions: see ``pipeline.core.outcomes``.
 """
@@ -16,13 +23,13 @@ Delivery outcomes are values, not exceptions: see ``pipeline.core.outcomes``.
 from __future__ import annotations
 
 __all__ = [
-    "StoreUnavailable",
     "PipelineError",
     "InvalidCall",
     "CallTooLarge",
-    "UnknownWriteKey",
     "ConfigError",
     "BrokerUnavailable",
+    "StoreError",
+    "StoreUnavailable",
     "UndecodableRecord",
 ]
 
@@ -49,14 +56,6 @@ class CallTooLarge(InvalidCall):
         self.limit = limit
 
 
-class UnknownWriteKey(PipelineError):
-    """No source has this write key."""
-
-    def __init__(self, write_key: str) -> None:
-        shown = write_key if len(write_key) <= 8 else write_key[:4] + "…"
-        super().__init__(f"writeKey: no source has the write key {shown!r}")
-
-
 class ConfigError(PipelineError):
     """A config file breaks a rule. Every problem is listed; nothing was written."""
 
@@ -69,7 +68,11 @@ class BrokerUnavailable(PipelineError):
     """Kafka did not acknowledge in time. Nothing is known to be written; retry."""
 
 
-class StoreUnavailable(PipelineError):
+class StoreError(PipelineError):
+    """The delivery log's store cannot be used as it is (``pipeline.store``)."""
+
+
+class StoreUnavailable(StoreError):
     """The delivery log's store cannot be reached or opened (``pipeline.store``); ``url`` has
     its password masked. Here, beside ``BrokerUnavailable``, so the CLI maps it to exit code 3
     without importing the store."""

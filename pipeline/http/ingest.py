@@ -46,7 +46,7 @@ from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.core.calls import MAX_BATCH_BYTES, MAX_CALL_BYTES, Call, CallType
-from pipeline.core.config import ConfigTable
+from pipeline.core.config import ConfigTable, shown_write_key
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.records import call_to_record
 from pipeline.core.segment_request import (
@@ -300,7 +300,7 @@ class _IngestService:
         assert self.follower is not None
         source = self.follower.table.source_for_write_key(write_key)
         if source is None:
-            shown = write_key if len(write_key) <= 8 else write_key[:4] + "…"
+            shown = shown_write_key(write_key)
             raise RequestRefused(
                 ErrorCode.INVALID_WRITE_KEY,
                 f"writeKey: no source has the write key {shown!r}",

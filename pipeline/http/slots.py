@@ -5,9 +5,8 @@ waiting for a slot behind a hanging endpoint should not hold its worker's in-fli
 hanging requests' whole timeout, so a waiter gives up once its endpoint falls silent. With an
 ``asyncio.Semaphore`` that took a timer per waiter (``asyncio.timeout`` every 100 ms, and after
 each, the back of the queue again); under load, when every record waits for a slot, those timers
-cost the worker 6 % of its CPU per call and 8 % of its rate (bench section 1, measured with plain
-waits). Here one check per host, every ``interval`` while anyone waits, lets go the waiters whose
-``give_up()`` says so.
+cost the worker a measurable share of its CPU per call. Here one check per host, every
+``interval`` while anyone waits, lets go the waiters whose ``give_up()`` says so.
 
     >>> import asyncio
     >>> async def demo() -> list[bool]:

@@ -21,7 +21,7 @@ import orjson
 from tqdm import tqdm
 
 from pipeline.core.calls import parse_call
-from pipeline.core.config import ConfigTable
+from pipeline.core.config import ConfigTable, shown_write_key
 from pipeline.core.exceptions import BrokerUnavailable, InvalidCall
 from pipeline.core.records import call_to_record
 from pipeline.core.segment_request import correct_timestamp
@@ -124,7 +124,7 @@ def _source_of(
     if key:
         source = table.source_for_write_key(key)
         if source is None:
-            shown = key if len(key) <= 8 else key[:4] + "…"
+            shown = shown_write_key(key)
             raise InvalidCall("writeKey", f"no source has the write key {shown!r}")
         return source.id
     if source_id is not None:

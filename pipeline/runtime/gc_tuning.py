@@ -3,9 +3,8 @@
 CPython collects its youngest generation every 700 net container allocations. A delivery worker
 keeps up to ``max_in_flight`` records alive for the length of a request (a task, its coroutine
 frames, aiohttp's request and response objects), so those collections keep finding survivors,
-promote them, and trigger older-generation passes over everything the process holds. Measured with
-``make bench`` section 1 (one worker, 1,000 in flight), alternating runs: 0.52 of the raw aiohttp
-rate with CPython's defaults, 0.60 with these settings.
+promote them, and trigger older-generation passes over everything the process holds: these
+settings gave one worker about 15 % more deliveries a second (docs/decisions.md).
 
 ``tune_for_throughput`` freezes what exists after start-up (modules, settings: never garbage) so
 that full collections skip it, and collects the young generation every 50,000 allocations: still

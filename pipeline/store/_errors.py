@@ -14,10 +14,6 @@ connection is tried). Messages name the store by its URL with the password maske
 
 from __future__ import annotations
 
-from pipeline.core.exceptions import PipelineError, StoreUnavailable
+from pipeline.core.exceptions import StoreError, StoreUnavailable
 
 __all__ = ["StoreError", "StoreUnavailable"]
-
-
-class StoreError(PipelineError):
-    """The log store cannot be used as it is."""
