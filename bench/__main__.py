@@ -787,7 +787,7 @@ class LogBacklog:
 def log_backlog(deployment: Deployment) -> LogBacklog:
     """What the deployment's ``deliveries.log`` holds (to its ends)."""
     from pipeline.kafka.codec import Codec
-    from pipeline.kafka.log_batches import decode_log_records
+    from pipeline.kafka.log_reading import decode_log_records
 
     codec = Codec.default()
     kafka_records = log_records = entries = 0

@@ -751,7 +751,7 @@ def delivery_figures(
 
 def delivery_log_entries(settings: Settings, kind: str) -> list[tuple[str, dict[str, Any]]]:
     """(messageId, entry) of every entry of ``kind`` on the delivery log topic now."""
-    from pipeline.kafka.log_batches import decode_log_records
+    from pipeline.kafka.log_reading import decode_log_records
     from pipeline.kafka.topic_reader import read_topic as read_to_end
 
     codec = Codec.default()

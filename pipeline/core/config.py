@@ -76,6 +76,7 @@ def shown_write_key(key: str) -> str:
     """
     return key if len(key) <= 8 else key[:4] + "…"
 
+
 #: Seed §2.1 and §8: at most five webhooks per destination.
 MAX_WEBHOOKS = 5
 MAX_HEADERS = 50

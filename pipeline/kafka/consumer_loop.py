@@ -41,7 +41,7 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config
 from pipeline.runtime import metrics
 
-__all__ = ["ConsumerLoop", "Handler", "ConsumedRecord"]
+__all__ = ["ConsumerLoop", "Handler", "ConsumedRecord", "Progress"]
 
 log = logging.getLogger("pipeline.consumer")
 
@@ -107,6 +107,16 @@ class _Container:
     def __init__(self, record: ConsumedRecord, left: int) -> None:
         self.record = record
         self.left = left
+
+
+class Progress(Protocol):
+    """What a handler tells the loop of its records (``ConsumerLoop``'s face to handlers)."""
+
+    def finish(self, taken: ConsumedRecord) -> None: ...
+
+    def owns(self, taken: ConsumedRecord) -> bool: ...
+
+    def defer(self, taken: ConsumedRecord, until: float) -> None: ...
 
 
 class Handler(Protocol):

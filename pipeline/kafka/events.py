@@ -27,7 +27,7 @@ from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
-from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.producer import Producing
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import TopicFollower
 
@@ -46,7 +46,7 @@ class EventKind:
 
 
 class EventEmitter:
-    def __init__(self, producer: AsyncProducer, codec: RecordCodec, topic: str) -> None:
+    def __init__(self, producer: Producing, codec: RecordCodec, topic: str) -> None:
         self._producer = producer
         self._codec = codec
         self._topic = topic

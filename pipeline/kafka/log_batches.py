@@ -1,8 +1,9 @@
-"""The delivery log on Kafka: ``LogRecord``s travel in ``LogBatch``es, one Kafka record a batch.
+"""Writing the delivery log to Kafka: ``LogRecord``s travel in ``LogBatch``es, one Kafka record a
+batch (reading them back: ``pipeline.kafka.log_reading``).
 
 A record on ``deliveries.log`` per call and per attempt made the log cost the pipeline a quarter of
-its rate (measured, docs/decisions.md): the broker, librdkafka and the acknowledgement each did
-per-record work twice over per delivered call. So every writer batches:
+its rate: the broker, librdkafka and the acknowledgement each did per-record work twice over per
+delivered call. So every writer batches:
 
 - the router puts a part's records (one consumed batch, one input partition) in the part's
   produce or transaction (``log_batch_records``);
@@ -11,20 +12,12 @@ per-record work twice over per delivered call. So every writer batches:
   finishes their Kafka records once it is acknowledged;
 - a DLQ replay puts its ``replayed`` records in its transaction.
 
-Readers take both a ``LogBatch`` and a lone ``LogRecord`` (``decode_log_records``), which is
-what the log held before batches.
-
-The log-store reads the same way back (``read_log_batch``): a ``LogBatch`` of the current schema
-straight from its bytes to typed ``LogRecord``s, in about 60 % of the time of fastavro's dicts and
-their conversion (the log-store's largest cost after SQLite). Anything else (an older or newer
-writer's schema, the Schema Registry's codec, bytes it does not expect) goes the dict way.
-
 The two records every delivered call makes (the router's ``received`` + ``routed``, the delivery
 handler's ``attempt`` + ``delivered``) are written straight to Avro bytes from the pipeline's own
 objects (``routed_log_body``, ``delivered_log_body``): building the dicts and walking the schema
 cost the hot path about twice as much. What repeats in them from call to call is kept as encoded
-pieces, and they are written a batch at a time (``written``), not between the other steps of a
-call. Every other record goes through the dict builders of
+pieces, and they are written a batch at a time (``Routed``, ``Delivered``), not between the
+other steps of a call. Every other record goes through the dict builders of
 ``pipeline.core.log_entries`` and the codec; ``tests/unit/kafka/test_log_batches.py`` checks that
 both give the same bytes. A codec other than ``Codec`` (the Schema Registry's) takes dicts only.
 """
@@ -37,12 +30,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from pipeline.core.calls import Call
-from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
+from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.log_entries import (
     LOG_BATCH_BYTES,
-    LogEntry,
     LogKind,
-    LogRecord,
     call_log_record,
     conclusion_log_record,
     log_batch,
@@ -59,17 +50,19 @@ from pipeline.kafka.avro_writer import (
 )
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.errors import Outgoing
-from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.producer import Producing
 
 __all__ = [
+    "ENTRY_TAIL",
+    "NO_DESTINATIONS",
+    "kind_bytes",
+    "HEADER_BYTES",
     "Delivered",
     "LogBatcher",
     "LogRecordValue",
     "Routed",
-    "decode_log_records",
     "delivered_log_body",
     "log_batch_records",
-    "read_log_batch",
     "routed_log_body",
 ]
 log = logging.getLogger("pipeline.log")
@@ -125,7 +118,7 @@ def _body(codec: Codec, record: LogRecordValue) -> bytes:
         return routed_log_body(*record)
     if kind is Delivered:
         return delivered_log_body(*record)
-    return codec.encode("LogRecord", record)[_HEADER:]  # type: ignore[arg-type]
+    return codec.encode("LogRecord", record)[HEADER_BYTES:]  # type: ignore[arg-type]
 
 
 def _record(record: LogRecordValue) -> Record:
@@ -176,22 +169,22 @@ def _batches_of_bodies(
 
 
 #: The single-object header's length (``Codec``): 2 magic bytes and the 8-byte fingerprint.
-_HEADER = 10
+HEADER_BYTES = 10
 
 
-def _kind(kind: LogKind) -> bytes:
+def kind_bytes(kind: LogKind) -> bytes:
     out = bytearray()
     write_string(out, kind.value)
     return bytes(out)
 
 
-_RECEIVED, _ROUTED = _kind(LogKind.RECEIVED), _kind(LogKind.ROUTED)
-_ATTEMPT, _DELIVERED = _kind(LogKind.ATTEMPT), _kind(LogKind.DELIVERED)
+_RECEIVED, _ROUTED = kind_bytes(LogKind.RECEIVED), kind_bytes(LogKind.ROUTED)
+_ATTEMPT, _DELIVERED = kind_bytes(LogKind.ATTEMPT), kind_bytes(LogKind.DELIVERED)
 #: An entry's fields from ``url`` on at their defaults: url "", status null, error "",
 #: durationMs 0, tier -1, notBefore 0, attempt 0, response "", replayId "", body null.
-_TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00"
+ENTRY_TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00"
 #: ``destinations`` [], ``reason`` "", ``size`` 0.
-_NOTHING = b"\x00\x00\x00"
+NO_DESTINATIONS = b"\x00\x00\x00"
 
 
 #: What repeats in the router's record of a call routed, by (source, type, event,
@@ -201,7 +194,7 @@ _RoutedKey = tuple[str, str, str | None, tuple[str, ...]]
 _ROUTED_PIECES: dict[_RoutedKey, tuple[bytes, bytes, bytes]] = {}
 _ROUTED_PIECES_MAX = 1024
 #: The received entry's fields after ``size``, and the routed entry's kind.
-_RECEIVED_END = _TAIL + _ROUTED
+_RECEIVED_END = ENTRY_TAIL + _ROUTED
 
 
 def _routed_pieces(key: _RoutedKey) -> tuple[bytes, bytes, bytes]:
@@ -223,8 +216,8 @@ def _routed_pieces(key: _RoutedKey) -> tuple[bytes, bytes, bytes]:
         for name in destinations:
             write_string(end, name)
     end.append(0)  # end of destinations
-    end += _NOTHING[1:]  # reason "", size 0
-    end += _TAIL
+    end += NO_DESTINATIONS[1:]  # reason "", size 0
+    end += ENTRY_TAIL
     end.append(0)  # end of entries
     if len(_ROUTED_PIECES) >= _ROUTED_PIECES_MAX:
         _ROUTED_PIECES.clear()
@@ -259,7 +252,7 @@ def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> 
             _optional_text(call.anonymous_id),
             entries,
             longs.get(received) or long_bytes(received),
-            _NOTHING,  # destination "", destinations [], reason ""
+            NO_DESTINATIONS,  # destination "", destinations [], reason ""
             longs.get(size) or long_bytes(size),
             _RECEIVED_END,
             longs.get(at) or long_bytes(at),
@@ -285,7 +278,7 @@ def _delivered_pieces(key: _DeliveredKey) -> tuple[bytes, bytes, bytes, bytes]:
     head += _ATTEMPT
     entry = bytearray()  # an entry's destination, destinations [], reason "", size 0
     write_string(entry, destination)
-    entry += _NOTHING
+    entry += NO_DESTINATIONS
     named = bytearray(entry)  # the attempt's durationMs after it
     write_string(named, url)
     named.append(2)
@@ -297,7 +290,9 @@ def _delivered_pieces(key: _DeliveredKey) -> tuple[bytes, bytes, bytes, bytes]:
     write_long(tail, number)
     tail += b"\x00\x00\x00"  # response "", replayId "", body null
     tail += _DELIVERED
-    end = bytes(entry) + _TAIL + b"\x00"  # the delivered entry's destination on; end of entries
+    end = (
+        bytes(entry) + ENTRY_TAIL + b"\x00"
+    )  # the delivered entry's destination on; end of entries
     if len(_DELIVERED_PIECES) >= _DELIVERED_PIECES_MAX:
         _DELIVERED_PIECES.clear()
     pieces = _DELIVERED_PIECES[key] = (bytes(head), bytes(named), bytes(tail), end)
@@ -359,7 +354,7 @@ def delivered_log_body(
         out += _ATTEMPT
         out += started_at
         out += destination
-        out += _NOTHING
+        out += NO_DESTINATIONS
         out += strings.get(result.url) or string_bytes(result.url)
         status = result.status
         if status is None:
@@ -383,182 +378,10 @@ def delivered_log_body(
     at = int(finished * 1000)
     out += longs.get(at) or long_bytes(at)
     out += destination
-    out += _NOTHING
-    out += _TAIL
+    out += NO_DESTINATIONS
+    out += ENTRY_TAIL
     out.append(0)  # end of entries
     return bytes(out)
-
-
-def decode_log_records(codec: RecordCodec, data: bytes | None) -> list[Record]:
-    """The ``LogRecord`` dicts of one Kafka record of the log: a ``LogBatch``'s, or a lone
-    ``LogRecord`` (an older writer's). Raises ``UndecodableRecord``, naming the batch's error."""
-    try:
-        records: list[Record] = codec.decode("LogBatch", data)["records"]
-        return records
-    except UndecodableRecord as batch_error:
-        try:
-            return [codec.decode("LogRecord", data)]
-        except UndecodableRecord:
-            raise batch_error from None
-
-
-#: An entry's kind as written (its length byte, then its name) → the kind.
-_KINDS = {_kind(kind): kind for kind in LogKind}
-#: An entry's fields from ``destinations`` on at their defaults.
-_BLANK = _NOTHING + _TAIL
-#: A ``LogEntry``'s defaults after ``destination``, and after ``size``.
-_DEFAULTS = tuple(LogEntry._field_defaults[name] for name in LogEntry._fields[3:])
-_DEFAULTS_AFTER_SIZE = _DEFAULTS[3:]
-#: A named tuple made without its ``__new__`` (a Python function with defaults): from the
-#: whole tuple of fields, in order.
-_make = tuple.__new__
-
-
-def read_log_batch(codec: RecordCodec, data: bytes | None) -> list[LogRecord] | None:
-    """The typed records of a ``LogBatch`` written with ``codec``'s current schema, read from its
-    bytes; ``None`` for anything else (decode it with ``decode_log_records``, which reads every
-    schema and names what is wrong). The same records as ``log_record_from_avro`` makes of the
-    dicts (``tests/unit/kafka/test_log_batches.py`` checks it for arbitrary records)."""
-    if (
-        not isinstance(codec, Codec)
-        or data is None
-        or not data.startswith(codec.header("LogBatch"))
-    ):
-        return None
-    try:
-        records, end = _read_batch(data, _HEADER)
-    except (IndexError, KeyError, ValueError):  # ValueError: UnicodeDecodeError too
-        return None
-    return records if end == len(data) else None
-
-
-def _read_batch(data: bytes, pos: int) -> tuple[list[LogRecord], int]:
-    """The ``LogBatch`` body at ``pos``: its records, and where it ends. Raises ``IndexError``
-    (cut short), ``KeyError`` (an entry kind this version does not know) or ``ValueError``.
-
-    What it spends its time on, made cheap: an entry's kind is looked up by its bytes; a
-    time (six bytes of varint these decades) is decoded once per batch, where times repeat
-    (a batch's entries were written within milliseconds); empty and short strings take no
-    varint loop."""
-    times: dict[bytes, int] = {}
-
-    def long() -> int:
-        nonlocal pos
-        byte = data[pos]
-        pos += 1
-        if byte < 0x80:
-            return (byte >> 1) ^ -(byte & 1)
-        n, shift = byte & 0x7F, 7
-        while True:
-            byte = data[pos]
-            pos += 1
-            n |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return (n >> 1) ^ -(n & 1)
-            shift += 7
-            if shift > 63:
-                raise ValueError("varint longer than 10 bytes")
-
-    def time() -> int:
-        """A long that is likely a time in ms. Six bytes equal to a six-byte varint read
-        before are that varint (its first five bytes have the high bit, its sixth not)."""
-        nonlocal pos
-        key = data[pos : pos + 6]
-        value = times.get(key)
-        if value is not None:
-            pos += 6
-            return value
-        start = pos
-        value = long()
-        if pos - start == 6:
-            times[key] = value
-        return value
-
-    def text() -> str:
-        nonlocal pos
-        byte = data[pos]
-        if byte == 0:
-            pos += 1
-            return ""
-        if byte < 0x80:
-            size = (byte >> 1) ^ -(byte & 1)
-            pos += 1
-        else:
-            size = long()
-        if size < 0 or pos + size > len(data):
-            raise ValueError("string length out of the record")
-        value = data[pos : pos + size].decode()
-        pos += size
-        return value
-
-    def optional() -> str | None:
-        nonlocal pos
-        branch = data[pos]
-        pos += 1
-        if branch == 0:
-            return None
-        if branch != 2:
-            raise ValueError(f"union branch {branch}")
-        return text()
-
-    def count() -> int:
-        """The next array block's item count (0: the array ends)."""
-        n = long()
-        if n < 0:
-            long()  # a negative count is followed by the block's size in bytes
-            return -n
-        return n
-
-    records = []
-    n = count()
-    while n:
-        for _ in range(n):
-            message_id, source, call_type = text(), text(), text()
-            user_id, anonymous_id, event = optional(), optional(), optional()
-            entries = []
-            m = count()
-            while m:
-                for _ in range(m):
-                    end = pos + 1 + (data[pos] >> 1)  # a kind's name is under 64 bytes
-                    kind = _KINDS[data[pos:end]]
-                    pos = end
-                    at, destination = time(), text()
-                    if data.startswith(_BLANK, pos):  # delivered, and most conclusions
-                        pos += len(_BLANK)
-                        entries.append(_make(LogEntry, (kind, at, destination) + _DEFAULTS))
-                        continue
-                    if data.startswith(_NOTHING, pos):  # every entry but received and routed
-                        pos += len(_NOTHING)
-                        destinations: tuple[str, ...] = ()
-                        reason, size = "", 0
-                    else:
-                        names = []
-                        while k := count():
-                            names += [text() for _ in range(k)]
-                        destinations = tuple(names)
-                        reason, size = text(), long()
-                    if data.startswith(_TAIL, pos):
-                        pos += len(_TAIL)
-                        fields = (kind, at, destination, destinations, reason, size)
-                        entries.append(_make(LogEntry, fields + _DEFAULTS_AFTER_SIZE))
-                        continue
-                    url = text()
-                    branch = data[pos]
-                    pos += 1
-                    if branch not in (0, 2):
-                        raise ValueError(f"union branch {branch}")
-                    status = long() if branch else None
-                    error, duration, tier, not_before = text(), long(), long(), long()
-                    attempt, response, replay_id, body = long(), text(), text(), optional()
-                    whole: tuple[Any, ...] = (kind, at, destination, destinations, reason)
-                    whole += (size, url, status)
-                    whole += (error, duration, tier, not_before, attempt, response, replay_id, body)
-                    entries.append(_make(LogEntry, whole))
-                m = count()
-            record = (message_id, source, call_type, user_id, anonymous_id, event, tuple(entries))
-            records.append(_make(LogRecord, record))
-        n = count()
-    return records, pos
 
 
 class LogBatcher:
@@ -571,7 +394,7 @@ class LogBatcher:
     records are read again after a restart."""
 
     def __init__(
-        self, producer: AsyncProducer, codec: RecordCodec, topic: str, stop: asyncio.Event
+        self, producer: Producing, codec: RecordCodec, topic: str, stop: asyncio.Event
     ) -> None:
         self._producer = producer
         self._codec = codec

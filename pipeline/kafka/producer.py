@@ -24,7 +24,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Producer
 
@@ -34,10 +34,28 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import make_producer, producer_config
 from pipeline.kafka.errors import Failed, Headed, Outgoing, Refusal
 
-__all__ = ["Acks", "AsyncProducer", "AckedProducer", "Outgoing", "Failed", "FLUSH_TIMEOUT"]
+__all__ = [
+    "Acks",
+    "AsyncProducer",
+    "AckedProducer",
+    "Producing",
+    "Outgoing",
+    "Failed",
+    "FLUSH_TIMEOUT",
+]
 
 #: How long ``AckedProducer`` waits for the last acknowledgements, and for room in its queue.
 FLUSH_TIMEOUT = 60.0
+
+
+class Producing(Protocol):
+    """What the event loop's writers ask of ``AsyncProducer``."""
+
+    async def send_all(self, records: Sequence[Outgoing | Headed]) -> list[Failed]: ...
+
+    async def send_all_until_acked(
+        self, records: Sequence[Outgoing | Headed], stop: asyncio.Event | None = None
+    ) -> None: ...
 
 
 class Acks:

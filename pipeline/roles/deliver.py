@@ -34,7 +34,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from pipeline.core.admission import FRESH, Attempt, Limits, Park, Refused, Reject, Window
-from pipeline.core.config import Destination
+from pipeline.core.config import ConfigTable, Destination
 from pipeline.core.delivery_policy import Conclusion, Schedules, conclude
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.exceptions import UndecodableRecord
@@ -47,12 +47,11 @@ from pipeline.core.settings import Settings
 from pipeline.core.suppression import SUPPRESSED_REASON, suppressed_by
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
-from pipeline.kafka.config_store import ConfigFollower
-from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
+from pipeline.kafka.consumer_loop import ConsumedRecord, Progress
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.events import EventEmitter
 from pipeline.kafka.log_batches import Delivered, LogBatcher, LogRecordValue, log_batch_records
-from pipeline.kafka.producer import AsyncProducer, Outgoing
+from pipeline.kafka.producer import Outgoing, Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_outcomes import (
     DeadLetters,
@@ -81,6 +80,13 @@ HOLD_SECONDS = 1.0
 
 #: What a record's hand-off logs (``None``: nothing, the log is off).
 Logged = LogRecordValue | None
+
+
+class LiveConfig(Protocol):
+    """The live config (``ConfigFollower``): its table as it is now."""
+
+    @property
+    def table(self) -> ConfigTable: ...
 
 
 class Sender(Protocol):
@@ -144,8 +150,8 @@ class DeliveryHandler:
         *,
         settings: Settings,
         topics: Topics,
-        follower: ConfigFollower,
-        producer: AsyncProducer,
+        follower: LiveConfig,
+        producer: Producing,
         sender: Sender,
         health: EndpointHealth,
         stop: asyncio.Event,
@@ -212,7 +218,7 @@ class DeliveryHandler:
 
     # ---- a batch: one decision a record --------------------------------------------------------
 
-    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
+    async def handle(self, batch: list[ConsumedRecord], loop: Progress) -> None:
         now = time.time()
         parking = self.parking.batch(now)
         deferred: dict[tuple[str, int], int] = {}  # partition → the offset it was deferred at
@@ -370,7 +376,7 @@ class DeliveryHandler:
         return HandOff([], logged)
 
     async def _start_when_due(
-        self, held: list[tuple[float, ConsumedRecord, Delivery]], loop: ConsumerLoop
+        self, held: list[tuple[float, ConsumedRecord, Delivery]], loop: Progress
     ) -> None:
         """Start each held record at its due time, never before; those due together are decided
         together (one hand-off)."""
@@ -399,7 +405,7 @@ class DeliveryHandler:
                 self._spawn(self._hand_off_all(handed, loop))
 
     async def _hand_off_all(
-        self, handed: list[tuple[ConsumedRecord, HandOff]], loop: ConsumerLoop
+        self, handed: list[tuple[ConsumedRecord, HandOff]], loop: Progress
     ) -> None:
         """Hand records decided without a request off together: one produce, log included."""
         handed = [item for item in handed if loop.owns(item[0])]
@@ -413,16 +419,14 @@ class DeliveryHandler:
 
     # ---- an attempt ----------------------------------------------------------------------------
 
-    def _start(
-        self, consumed: ConsumedRecord, start: Start, loop: ConsumerLoop, now: float
-    ) -> None:
+    def _start(self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float) -> None:
         in_flight = self._in_flight
         destination = start.record.destination_id
         in_flight[destination] = in_flight.get(destination, 0) + 1
         self._spawn(self._attempt_in_flight(consumed, start, loop, now))
 
     async def _attempt_in_flight(
-        self, consumed: ConsumedRecord, start: Start, loop: ConsumerLoop, now: float
+        self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float
     ) -> None:
         """``_attempt``, counted in flight for its destination until it is handed off."""
         try:
@@ -431,7 +435,7 @@ class DeliveryHandler:
             self._in_flight[start.record.destination_id] -= 1
 
     async def _attempt(
-        self, consumed: ConsumedRecord, start: Start, loop: ConsumerLoop, now: float
+        self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float
     ) -> None:
         """Make the request, conclude from its results, and hand the record off."""
         record, destination = start.record, start.destination

@@ -29,7 +29,7 @@ from pipeline.kafka.config_store import destination_record
 from pipeline.kafka.consumer_loop import ConsumedRecord
 from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.events import EventEmitter, EventKind
-from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.producer import Producing
 from pipeline.runtime import metrics
 
 __all__ = ["DestinationMetrics", "DeadLetters", "DestinationWatch", "dead_letter_of"]
@@ -146,7 +146,7 @@ class DestinationWatch:
         role: str,
         topics: Topics,
         codec: RecordCodec,
-        producer: AsyncProducer,
+        producer: Producing,
         events: EventEmitter,
         stop: asyncio.Event,
         spawn: Callable[[Any], None],

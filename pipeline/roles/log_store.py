@@ -33,7 +33,7 @@ from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
-from pipeline.kafka.log_batches import decode_log_records, read_log_batch
+from pipeline.kafka.log_reading import decode_log_records, read_log_batch
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
 

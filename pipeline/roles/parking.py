@@ -355,7 +355,7 @@ class Parking:
 _NO_HEALTH = Health()
 
 
-class _Group:
+class _ParkedGroup:
     """Records parked by one plan from one partition (``size``: their bytes in a batch);
     ``out`` gets the record carrying them."""
 
@@ -390,8 +390,8 @@ class ParkingBatch:
         self._decoded: dict[tuple[str | None, Window], Admission] = {}
         #: The plan of each kept ``Park`` (by its identity; the admission is kept alive here).
         self._plans: dict[int, tuple[Park, ParkPlan]] = {}
-        self._groups: dict[tuple[int, object], _Group] = {}
-        self._all: list[_Group] = []
+        self._groups: dict[tuple[int, object], _ParkedGroup] = {}
+        self._all: list[_ParkedGroup] = []
 
     def admit(
         self, destination: Destination | None, window: Window, *, undecoded: bool
@@ -436,7 +436,7 @@ class ParkingBatch:
         size = entry_size(key, value)
         group = self._groups.get((id(park), source))
         if group is None or group.size + size > MAX_BYTES:
-            group = self._groups[(id(park), source)] = _Group(plan)
+            group = self._groups[(id(park), source)] = _ParkedGroup(plan)
             self._all.append(group)
             out = group.out
         else:

@@ -51,7 +51,7 @@ log = logging.getLogger("pipeline.router")
 TP = tuple[str, int]
 
 
-class Parking(Protocol):
+class BatchParker(Protocol):
     """Asked of each delivery record of one batch (key, value, destination id): is it parked?
     The records it parked (in retry tiers, with their park header; several carried by one) are
     ``records()``, asked once the batch is routed; ``parked`` counts them."""
@@ -78,7 +78,7 @@ class RouterHandler:
         retake_after: float = 45.0,
         log: bool = False,
         log_bodies: bool = False,
-        parking: Callable[[], Parking] | None = None,
+        parking: Callable[[], BatchParker] | None = None,
     ) -> None:
         """``transactions`` (input topic, partition → its ``PartitionTransactions``) given: hand
         off in transactions; the consumer loop must then not commit (``commits=False``).
@@ -86,7 +86,7 @@ class RouterHandler:
         still assigned here (a session timeout: a zombie knows it lost it by then).
         ``log``: each call's fate goes to the delivery log with its delivery records (in the
         same transaction); ``log_bodies``: with the call's JSON. ``parking``: makes, for each
-        batch, the ``Parking`` asked of its delivery records (their key, value and delivery);
+        batch, the ``BatchParker`` asked of its delivery records (their key, value and delivery);
         what it parks goes out in its ``records()`` (in retry tiers, with their park header),
         not to ``deliveries`` (the delivery handler's parking, when this process delivers too:
         ``pipeline.roles.parking.RoutingParker``)."""

@@ -29,12 +29,11 @@ from pipeline.kafka.log_batches import (
     Delivered,
     LogBatcher,
     Routed,
-    decode_log_records,
     delivered_log_body,
     log_batch_records,
-    read_log_batch,
     routed_log_body,
 )
+from pipeline.kafka.log_reading import decode_log_records, read_log_batch
 from pipeline.kafka.registry_codec import RegistryCodec
 
 CODEC = Codec.default()

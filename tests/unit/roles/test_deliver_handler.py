@@ -17,7 +17,7 @@ from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
-from pipeline.kafka.log_batches import decode_log_records
+from pipeline.kafka.log_reading import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
 from pipeline.roles.parking import MAX_BYTES, PARTS_HEADER, SCHEDULE_HEADER, packed, unpacked

@@ -14,7 +14,7 @@ from pipeline.core.records import Delivery, delivery_to_record
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
-from pipeline.kafka.log_batches import decode_log_records
+from pipeline.kafka.log_reading import decode_log_records
 from pipeline.roles.deliver import DeliveryHandler
 from tests.unit.roles._fakes import (
     FakeFollower,

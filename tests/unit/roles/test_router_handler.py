@@ -18,7 +18,7 @@ from pipeline.core.render import render_body
 from pipeline.core.routing import Routed
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
-from pipeline.kafka.log_batches import decode_log_records
+from pipeline.kafka.log_reading import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
 from pipeline.roles.router import RouterHandler
