@@ -28,6 +28,8 @@ __all__ = [
     "Refusal",
     "Outgoing",
     "Headed",
+    "Placed",
+    "Produced",
     "Failed",
 ]
 
@@ -35,6 +37,11 @@ __all__ = [
 Outgoing = tuple[str, bytes | None, bytes | None]
 #: (topic, key, value, headers): one record to produce with Kafka headers.
 Headed = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]]]
+#: (topic, key, value, headers, partition): one record to produce to a partition of its own
+#: choosing (a state changelog's partition is its input partition's, whatever its key).
+Placed = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]], int]
+#: Any record the pipeline produces.
+Produced = Outgoing | Headed | Placed
 
 #: Another producer took over this one's transactional id: it must stop, not be replaced (a new
 #: producer with the same id would fence the rightful owner in turn).
@@ -98,7 +105,7 @@ class Refusal(NamedTuple):
 class Failed(NamedTuple):
     """A record Kafka did not take, and why."""
 
-    record: Outgoing | Headed
+    record: Produced
     refusal: Refusal
 
     def __str__(self) -> str:

@@ -32,7 +32,7 @@ from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import make_producer, producer_config
-from pipeline.kafka.errors import Failed, Headed, Outgoing, Refusal
+from pipeline.kafka.errors import Failed, Headed, Outgoing, Placed, Produced, Refusal
 
 __all__ = [
     "Acks",
@@ -48,13 +48,22 @@ __all__ = [
 FLUSH_TIMEOUT = 60.0
 
 
+def produce_with(produce: Any, record: Headed | Placed, **extra: Any) -> None:
+    """Produce a record with headers, and to its own partition if it names one."""
+    headers = record[3] or None
+    if len(record) == 5:
+        produce(record[0], record[2], record[1], headers=headers, partition=record[4], **extra)
+    else:
+        produce(record[0], record[2], record[1], headers=headers, **extra)
+
+
 class Producing(Protocol):
     """What the event loop's writers ask of ``AsyncProducer``."""
 
-    async def send_all(self, records: Sequence[Outgoing | Headed]) -> list[Failed]: ...
+    async def send_all(self, records: Sequence[Produced]) -> list[Failed]: ...
 
     async def send_all_until_acked(
-        self, records: Sequence[Outgoing | Headed], stop: asyncio.Event | None = None
+        self, records: Sequence[Produced], stop: asyncio.Event | None = None
     ) -> None: ...
 
 
@@ -71,8 +80,16 @@ class Acks:
     def __call__(self, error: KafkaError | None, message: Any) -> None:
         if error is not None:
             headers = message.headers()
-            record: Outgoing | Headed = (message.topic(), message.key(), message.value())
-            if headers:
+            record: Produced = (message.topic(), message.key(), message.value())
+            if message.partition() >= 0:  # sent again where it was going (a placed record)
+                record = (
+                    message.topic(),
+                    message.key(),
+                    message.value(),
+                    headers or [],
+                    message.partition(),
+                )
+            elif headers:
                 record = (message.topic(), message.key(), message.value(), headers)
             self.failed.append(Failed(record, Refusal.of(error)))
         self.answered += 1
@@ -118,7 +135,7 @@ class AsyncProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def send_all(self, records: Sequence[Outgoing | Headed]) -> list[Failed]:
+    async def send_all(self, records: Sequence[Produced]) -> list[Failed]:
         """Produce every record; return the ones Kafka refused, once all answered."""
         if not records:
             return []
@@ -130,16 +147,14 @@ class AsyncProducer:
                     if len(record) == 3:
                         produce(record[0], record[2], record[1], on_delivery=acks)
                     else:
-                        produce(
-                            record[0], record[2], record[1], headers=record[3], on_delivery=acks
-                        )
+                        produce_with(produce, record, on_delivery=acks)
                     break
                 except BufferError:  # local queue full: wait for the poll thread to drain it
                     await asyncio.sleep(0.01)
         return await acks.future
 
     async def send_all_until_acked(
-        self, records: Sequence[Outgoing | Headed], stop: asyncio.Event | None = None
+        self, records: Sequence[Produced], stop: asyncio.Event | None = None
     ) -> None:
         """Produce every record, re-sending refused ones with backoff until Kafka has them all.
 

@@ -29,7 +29,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pipeline.core.deadline import Deadline
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import producer_config
-from pipeline.kafka.errors import Headed, Outgoing, Refusal
+from pipeline.kafka.errors import Produced, Refusal
+from pipeline.kafka.producer import produce_with
 
 __all__ = ["Fenced", "PartitionTransactions", "TransactionFailed", "transactional_id"]
 
@@ -67,7 +68,7 @@ class PartitionTransactions:
         self.fenced = False
         self.closed = False
 
-    def commit(self, records: Sequence[Outgoing | Headed], *, next_offset: int, group: Any) -> None:
+    def commit(self, records: Sequence[Produced], *, next_offset: int, group: Any) -> None:
         """Produce ``records`` and commit ``next_offset`` of the input partition, atomically."""
         with self._lock:
             if self.fenced or self.closed:
@@ -114,13 +115,13 @@ class PartitionTransactions:
             self._producer = producer
         return self._producer
 
-    def _produce(self, producer: Producer, record: Outgoing | Headed) -> None:
+    def _produce(self, producer: Producer, record: Produced) -> None:
         while True:
             try:
                 if len(record) == 3:
                     producer.produce(record[0], record[2], record[1])
-                else:  # a record parked at routing carries its park header
-                    producer.produce(record[0], record[2], record[1], headers=record[3])
+                else:  # a record parked at routing carries its schedule header
+                    produce_with(producer.produce, record)
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)

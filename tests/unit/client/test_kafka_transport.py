@@ -53,6 +53,9 @@ class Message:
     def headers(self) -> None:
         return None  # as confluent-kafka's Message of a record produced without headers
 
+    def partition(self) -> int:
+        return -1  # refused before librdkafka placed it
+
 
 class FakeProducer:
     """confluent-kafka's ``Producer`` as ``AckedProducer`` uses it; refuses by record number."""
