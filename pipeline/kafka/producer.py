@@ -81,14 +81,9 @@ class Acks:
         if error is not None:
             headers = message.headers()
             record: Produced = (message.topic(), message.key(), message.value())
-            if message.partition() >= 0:  # sent again where it was going (a placed record)
-                record = (
-                    message.topic(),
-                    message.key(),
-                    message.value(),
-                    headers or [],
-                    message.partition(),
-                )
+            partition = message.partition()  # None: refused before it was given one
+            if partition is not None and partition >= 0:  # sent again where it was going
+                record = (message.topic(), message.key(), message.value(), headers or [], partition)
             elif headers:
                 record = (message.topic(), message.key(), message.value(), headers)
             self.failed.append(Failed(record, Refusal.of(error)))

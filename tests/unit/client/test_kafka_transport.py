@@ -53,8 +53,8 @@ class Message:
     def headers(self) -> None:
         return None  # as confluent-kafka's Message of a record produced without headers
 
-    def partition(self) -> int:
-        return -1  # refused before librdkafka placed it
+    def partition(self) -> int | None:
+        return None  # as confluent-kafka's of a record refused before librdkafka placed it
 
 
 class FakeProducer:
