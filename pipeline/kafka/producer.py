@@ -39,6 +39,7 @@ __all__ = [
     "AsyncProducer",
     "AckedProducer",
     "Producing",
+    "Ends",
     "Outgoing",
     "Failed",
     "FLUSH_TIMEOUT",
@@ -63,7 +64,7 @@ class Producing(Protocol):
     async def send_all(self, records: Sequence[Produced]) -> list[Failed]: ...
 
     async def send_all_until_acked(
-        self, records: Sequence[Produced], stop: asyncio.Event | None = None
+        self, records: Sequence[Produced], stop: asyncio.Event | None = None, *, ends: Ends = None
     ) -> None: ...
 
 
@@ -94,19 +95,28 @@ class Acks:
         return self.answered - len(self.failed)
 
 
+#: Given to a send: filled with the offset of the last record acknowledged in each (topic,
+#: partition) it wrote to.
+Ends = dict[tuple[str, int], int] | None
+
+
 class _BatchAcks(Acks):
     """The acknowledgements of one ``send_all`` batch; resolves its future on the last one."""
 
-    __slots__ = ("loop", "future", "expected")
+    __slots__ = ("loop", "future", "expected", "ends")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, expected: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, expected: int, ends: Ends = None) -> None:
         super().__init__()
         self.loop = loop
         self.future: asyncio.Future[list[Failed]] = loop.create_future()
         self.expected = expected
+        self.ends = ends
 
     def __call__(self, error: KafkaError | None, message: Any) -> None:  # producer poll thread
         Acks.__call__(self, error, message)
+        if self.ends is not None and error is None:
+            where = (message.topic(), message.partition())
+            self.ends[where] = max(self.ends.get(where, -1), message.offset())
         if self.answered == self.expected:
             self.loop.call_soon_threadsafe(self._resolve)
 
@@ -130,11 +140,12 @@ class AsyncProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def send_all(self, records: Sequence[Produced]) -> list[Failed]:
-        """Produce every record; return the ones Kafka refused, once all answered."""
+    async def send_all(self, records: Sequence[Produced], *, ends: Ends = None) -> list[Failed]:
+        """Produce every record; return the ones Kafka refused, once all answered (``ends``: see
+        ``Ends``)."""
         if not records:
             return []
-        acks = _BatchAcks(asyncio.get_running_loop(), len(records))
+        acks = _BatchAcks(asyncio.get_running_loop(), len(records), ends)
         produce = self._producer.produce
         for record in records:  # a plain loop: no coroutine per record
             while True:
@@ -149,16 +160,17 @@ class AsyncProducer:
         return await acks.future
 
     async def send_all_until_acked(
-        self, records: Sequence[Produced], stop: asyncio.Event | None = None
+        self, records: Sequence[Produced], stop: asyncio.Event | None = None, *, ends: Ends = None
     ) -> None:
-        """Produce every record, re-sending refused ones with backoff until Kafka has them all.
+        """Produce every record, re-sending refused ones with backoff until Kafka has them all
+        (``ends``: see ``Ends``).
 
         Raises ``BrokerUnavailable`` only if ``stop`` is set while some are still unacknowledged.
         """
         pending = list(records)
         delay = 0.1
         while pending:
-            failed = await self.send_all(pending)
+            failed = await self.send_all(pending, ends=ends)
             if not failed:
                 return
             if stop is not None and stop.is_set():

@@ -91,9 +91,20 @@ class FakeProducer:
     sent: list[Outgoing] = field(default_factory=list)
 
     async def send_all_until_acked(
-        self, records: Sequence[Outgoing], stop: asyncio.Event | None = None
+        self,
+        records: Sequence[Outgoing],
+        stop: asyncio.Event | None = None,
+        *,
+        ends: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.sent.extend(records)
+        if ends is not None:  # offsets as a broker would give them: one partition's in a row
+            for record in records:
+                if len(record) == 5:
+                    where = (record[0], record[4])
+                    ends[where] = (
+                        sum(1 for r in self.sent if r[0] == where[0] and r[4:] == (where[1],)) - 1
+                    )
 
     async def send_all(self, records: Sequence[Outgoing]) -> list[Any]:
         self.sent.extend(records)
