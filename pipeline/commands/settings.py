@@ -45,7 +45,7 @@ def shown_value(name: str, value: Any) -> str:
     from pipeline.core.durations import format_duration
 
     if value is None:
-        return ""
+        return "off" if name == "dedupe_window" else ""
     if name in SECRET_FIELDS:
         return "********"
     if isinstance(value, bool):

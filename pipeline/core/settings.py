@@ -31,7 +31,14 @@ from pipeline.core.kafka_properties import (
     read_properties,
 )
 
-__all__ = ["Settings", "SettingsError", "default_log_store_url", "env_name", "SECRET_FIELDS"]
+__all__ = [
+    "Settings",
+    "SettingsError",
+    "default_log_store_url",
+    "default_state_dir",
+    "env_name",
+    "SECRET_FIELDS",
+]
 
 PREFIX = "PIPELINE_"
 
@@ -69,6 +76,12 @@ def _optional_seconds(value: Any) -> float | None:
     return None if value is None or value == "" else _seconds(value)
 
 
+def _seconds_or_off(value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "no")):
+        return None
+    return _seconds(value)
+
+
 def _seconds_list(value: Any) -> tuple[float, ...]:
     parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
     if not parts:
@@ -103,6 +116,7 @@ def _upper(value: Any) -> Any:
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 OptionalSeconds = Annotated[float | None, BeforeValidator(_optional_seconds)]
+SecondsOrOff = Annotated[float | None, BeforeValidator(_seconds_or_off)]
 SecondsList = Annotated[tuple[float, ...], NoDecode, BeforeValidator(_seconds_list)]
 Networks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_networks)]
 AtLeastOne = Annotated[int, BeforeValidator(_whole), Field(ge=1)]
@@ -165,6 +179,12 @@ class Settings(BaseSettings):
     #: How often the deliver and retry roles commit their finished position: a crash delivers
     #: again what was in flight plus at most what finished within one interval.
     commit_interval: Seconds = 0.1
+    #: How long the router remembers a call it routed, by source and ``messageId``, to drop a
+    #: resend of it (``off``: never). Its memory is partition state (``state_dir``).
+    dedupe_window: SecondsOrOff = 24 * 3600.0
+    #: Where partition state keeps its local stores (RocksDB); empty: a directory per cluster
+    #: and topic prefix under ``$XDG_DATA_HOME/pipeline`` (``default_state_dir``).
+    state_dir: str = ""
     # ---- Schema Registry ----
     schema_registry_url: str | None = None
     #: ``user:password`` (Confluent's ``basic.auth.user.info``).
@@ -315,6 +335,34 @@ def describe_errors(exc: ValidationError, origins: Mapping[str, str]) -> list[st
     return lines
 
 
+def _local_name(settings: Settings) -> str:
+    """The cluster and topic prefix of these settings, as a file name."""
+    name = "-".join(
+        part
+        for part in (settings.bootstrap_servers.split(",")[0], settings.topic_prefix.rstrip("."))
+        if part
+    )
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def _data_home(home: Mapping[str, str] | None) -> str:
+    env = os.environ if home is None else home
+    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "pipeline")
+
+
+def default_state_dir(settings: Settings, home: Mapping[str, str] | None = None) -> str:
+    """Where partition state lives: ``PIPELINE_STATE_DIR``, else a directory per cluster and
+    topic prefix under ``$XDG_DATA_HOME/pipeline``.
+
+    >>> default_state_dir(Settings(topic_prefix="acme."), {"XDG_DATA_HOME": "/d"})
+    '/d/pipeline/state-127.0.0.1_9092-acme'
+    """
+    if settings.state_dir:
+        return settings.state_dir
+    return os.path.join(_data_home(home), f"state-{_local_name(settings)}")
+
+
 def default_log_store_url(settings: Settings, home: Mapping[str, str] | None = None) -> str:
     """The embedded log store of these settings: a SQLite file per cluster and topic prefix,
     under ``$XDG_DATA_HOME/pipeline`` (``~/.local/share/pipeline``), unless
@@ -325,12 +373,4 @@ def default_log_store_url(settings: Settings, home: Mapping[str, str] | None = N
     """
     if settings.log_store_url:
         return settings.log_store_url
-    env = os.environ if home is None else home
-    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    name = "-".join(
-        part
-        for part in (settings.bootstrap_servers.split(",")[0], settings.topic_prefix.rstrip("."))
-        if part
-    )
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    return f"sqlite:///{os.path.join(base, 'pipeline', f'log-{safe}.sqlite3')}"
+    return f"sqlite:///{os.path.join(_data_home(home), f'log-{_local_name(settings)}.sqlite3')}"

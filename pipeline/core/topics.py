@@ -67,6 +67,11 @@ class Topics:
         """Deletion requests and the sources they notified (compacted, keyed by user id)."""
         return f"{self.prefix}deletion-requests"
 
+    def changelog(self, state: str) -> str:
+        """The changelog of a partition state (``dedupe``: the router's memory of the calls it
+        routed), one partition per input partition (compacted, with a time retention)."""
+        return f"{self.prefix}state.{state}.changelog"
+
     @property
     def audience_state(self) -> str:
         """Last value sent per audience or computed trait and user (compacted,

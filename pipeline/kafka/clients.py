@@ -134,6 +134,21 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
     ]
     specs += [NewTopic(name, settings.retry_partitions, rf) for name in topics.retry]
     compact = {"cleanup.policy": "compact"}
+    # A state's changelog: compacted (a key's latest value), and its entries gone after the
+    # state's retention (the window and an hour's margin, ``roles.dedupe.MARGIN``) and an hour
+    # more: restores skip what is past the retention anyway.
+    window = settings.dedupe_window or 24 * 3600.0
+    specs.append(
+        NewTopic(
+            topics.changelog("dedupe"),
+            settings.partitions,
+            rf,
+            config={
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(int((window + 2 * 3600) * 1000)),
+            },
+        )
+    )
     specs += [
         NewTopic(topics.deletion_requests, settings.partitions, rf, config=compact),
         NewTopic(topics.audience_state, settings.partitions, rf, config=compact),
@@ -184,12 +199,14 @@ def create_topics(
 def _followed_configs(settings: Settings) -> dict[str, dict[str, str]]:
     """Topic configs that follow a setting, so ``topics create`` applies a changed setting to a
     topic that exists already (``PIPELINE_CALLS_RETENTION``: the replay window;
-    ``PIPELINE_LOG_RETENTION``). Other configs of an existing topic are left as they are: an
-    operator may have tuned them by hand."""
+    ``PIPELINE_LOG_RETENTION``; ``PIPELINE_DEDUPE_WINDOW``). Other configs of an existing topic
+    are left as they are: an operator may have tuned them by hand."""
     topics = topics_for(settings)
+    window = settings.dedupe_window or 24 * 3600.0
     return {
         topics.calls: {"retention.ms": str(int(settings.calls_retention * 1000))},
         topics.log: {"retention.ms": str(int(settings.log_retention * 1000))},
+        topics.changelog("dedupe"): {"retention.ms": str(int((window + 2 * 3600) * 1000))},
     }
 
 
