@@ -446,6 +446,33 @@ class LogStoreContract:
         dead = store.trace("dead")
         assert dead is not None and dead.destinations[0].last_status is None
 
+    def test_a_resend_dropped_as_a_duplicate_leaves_the_call_where_it_was(
+        self, store: LogStore, feed: Feed
+    ):
+        """The router drops a resend (``reason`` ``duplicate``): the trace shows it, after the
+        first copy's journey, and the call's state stays what its first copy made it."""
+        t = T0
+        first = "a resend of the call first received at 2027-01-15T08:00:00.000Z"
+        store.write(
+            feed(
+                routed("m1", ("crm",), t),
+                attempt("m1", "crm", t + S, status=200, then="delivered"),
+                record(
+                    "m1",
+                    entry("received", t + 5 * S),
+                    entry("dropped", t + 5 * S + 1, reason="duplicate", error=first),
+                ),
+            )
+        )
+        trace = store.trace("m1")
+        assert trace is not None
+        assert [(e.kind.value, e.reason, e.error) for e in trace.entries][-2:] == [
+            ("received", "", ""),
+            ("dropped", "duplicate", first),
+        ]
+        states = {j.destination: j.state for j in trace.destinations}
+        assert states == {"": JourneyState.ROUTED, "crm": JourneyState.DELIVERED}
+
     def test_a_received_body_is_kept_when_the_pipeline_logs_it(self, store: LogStore, feed: Feed):
         body = '{"type":"track","event":"Order Completed"}'
         store.write(feed(record("m1", entry("received", T0, size=44, body=body))))

@@ -46,6 +46,7 @@ from pipeline.core.exceptions import (
     StoreUnavailable,
 )
 from pipeline.core.settings import Settings, SettingsError
+from pipeline.kafka.partition_state import StateUnavailable
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 
 __all__ = ["main", "build_parser"]
@@ -122,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: Kafka unavailable: {exc}", file=sys.stderr)
         return 3
     except StoreUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except StateUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except (PipelineError, ValueError, OSError) as exc:

@@ -213,11 +213,13 @@ def call_log_record(
     *,
     destinations: Sequence[str] = (),
     dropped: str | None = None,
+    detail: str = "",
     excluded: Sequence[tuple[str, str]] = (),
     body: str | None = None,
 ) -> Record:
     """The router's record for one call: ``received``, then ``routed`` to ``destinations`` or
-    ``dropped`` for ``dropped``, and a ``dropped`` per connected destination left out."""
+    ``dropped`` for ``dropped`` (``detail``: more words on why, in the entry's ``error``), and a
+    ``dropped`` per connected destination left out."""
     received = _BLANK[LogKind.RECEIVED].copy()
     received["at"], received["size"], received["body"] = call.received_at, size, body
     entries = [received]
@@ -226,7 +228,7 @@ def call_log_record(
         routed["at"], routed["destinations"] = at, list(destinations)
         entries.append(routed)
     else:
-        entries.append(entry(LogKind.DROPPED, at, reason=dropped))
+        entries.append(entry(LogKind.DROPPED, at, reason=dropped, error=detail))
     for destination, reason in excluded:
         entries.append(entry(LogKind.DROPPED, at, destination=destination, reason=reason))
     return log_record(

@@ -50,6 +50,9 @@ class DropReason(enum.StrEnum):
     """Per destination: the call's ``integrations`` map turned it off (seed §4.3 rule 6)."""
     DESTINATION_DISABLED = "destination_disabled"
     """Per destination: connected to the source but disabled (its toggle is off)."""
+    DUPLICATE = "duplicate"
+    """A resend of a call already routed within ``PIPELINE_DEDUPE_WINDOW`` (same source and
+    ``messageId``)."""
 
 
 @dataclass(frozen=True, slots=True)

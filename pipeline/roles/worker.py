@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from functools import partial
 
-from pipeline.core.settings import Settings
+from pipeline.core.settings import Settings, default_state_dir
+from pipeline.core.topics import Topics
 from pipeline.http.sender import WebhookSender
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop
 from pipeline.kafka.deletions import DeletionFollower
+from pipeline.kafka.partition_state import PartitionState, check_changelog
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
+from pipeline.roles.dedupe import MARGIN, Dedupe
 from pipeline.roles.deliver import DeliveryHandler
 from pipeline.roles.log_store import run_log_store
 from pipeline.roles.parking import Parking, RoutingParker
@@ -37,6 +41,22 @@ ROLES = ("router", "deliver", "retry", "log-store")
 #: late, so the retry consumer long-polls for 50 ms at most (some 20 small requests a second per
 #: broker when idle).
 _RETRY_CONSUMER = {"fetch.wait.max.ms": 50}
+
+
+def _dedupe(settings: Settings, topics: Topics) -> Dedupe | None:
+    """The router's memory of the calls it routed (``None``: ``PIPELINE_DEDUPE_WINDOW=off``);
+    its changelog topic is checked first (``StateUnavailable``)."""
+    if settings.dedupe_window is None:
+        return None
+    changelog = topics.changelog("dedupe")
+    check_changelog(settings, changelog)
+    state = PartitionState(
+        settings,
+        changelog=changelog,
+        directory=os.path.join(default_state_dir(settings), "dedupe"),
+        retention=settings.dedupe_window + MARGIN,
+    )
+    return Dedupe(state, settings.dedupe_window)
 
 
 def _routing_parker(parking: Parking, follower: ConfigFollower) -> RoutingParker:
@@ -97,6 +117,7 @@ async def run_roles(
                     deleted=None if deletions is None else deletions.deleted,
                 )
         if "router" in roles:
+            dedupe = await asyncio.to_thread(_dedupe, settings, topics)
             # Delivering here too: records for a destination whose every circuit is open go
             # straight to a retry tier, as the deliver role would send them on arrival.
             deliverer = deliverers.get("deliver")
@@ -115,6 +136,7 @@ async def run_roles(
                 parking=None
                 if deliverer is None
                 else partial(_routing_parker, deliverer.parking, follower),
+                dedupe=dedupe,
             )
             # With transactions the router commits its offsets inside them, not the loop.
             loops.append(

@@ -45,6 +45,9 @@ _RECEIVED = LogKind.RECEIVED
 _ATTEMPT = LogKind.ATTEMPT
 _REPLAYED = LogKind.REPLAYED
 _WAITING = JourneyState.WAITING
+_DROPPED = JourneyState.DROPPED
+#: The reason of a resend dropped by the router (``DropReason.DUPLICATE``).
+_DUPLICATE = "duplicate"
 #: Kinds whose state keeps the entry's reason.
 _WITH_REASON = frozenset({JourneyState.DROPPED, JourneyState.DEAD_LETTERED})
 _STATES = {kind: state_after(kind) for kind in LogKind}
@@ -325,6 +328,8 @@ def _apply(
     if at > row.last_updated:
         row.last_updated = at
     state = _STATES[entry.kind]
+    if state is _DROPPED and entry.reason == _DUPLICATE:
+        state = None  # a resend dropped: the call stands where its first copy left it
     if state is not None and at >= row.state_at:
         row.state = _STATE_TEXT[state]
         row.state_at = at

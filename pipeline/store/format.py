@@ -75,6 +75,8 @@ def _entry_line(entry: LogEntry) -> str:
             parts.append(safe(entry.url))
         if entry.response:
             parts.append(f"response {safe(entry.response, 60)}")
+    if kind is LogKind.DROPPED and entry.error:
+        parts.append(safe(entry.error))
     if kind is LogKind.RETRY_SCHEDULED:
         parts.append(f"tier {entry.tier} until {_time(entry.not_before or None)}")
     if entry.reason:

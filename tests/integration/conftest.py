@@ -64,6 +64,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         circuit_cool_down=1.0,
         circuit_cool_down_max=1.0,  # never grows: tests time their probes (see test_circuit.py)
         log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
+        state_dir=str(tmp_path / "state"),
     )
     create_topics(settings)
     return settings
@@ -207,6 +208,7 @@ def shared_settings(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFac
         session_timeout=6.0,
         transactions=False,  # as in ``settings``
         log_store_url=f"sqlite:///{tmp_path_factory.mktemp('log') / 'log.sqlite3'}",
+        state_dir=str(tmp_path_factory.mktemp("state")),
     )
     create_topics(settings)
     apply(settings, ingest_config())

@@ -157,6 +157,7 @@ def test_drop_reason_labels() -> None:
         "unknown_source",
         "integrations",
         "destination_disabled",
+        "duplicate",
     }
 
 

@@ -16,11 +16,15 @@ from pipeline.core.config import ConfigTable, Destination, Source
 from pipeline.core.records import Delivery, call_to_record, delivery_to_record
 from pipeline.core.render import render_body
 from pipeline.core.routing import Routed
+from pipeline.core.settings import Settings
+from pipeline.core.timestamps import format_timestamp
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_reading import decode_log_records
+from pipeline.kafka.partition_state import PartitionState
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
+from pipeline.roles.dedupe import Dedupe
 from pipeline.roles.router import RouterHandler
 from pipeline.runtime import metrics
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, RegistryDown, taken
@@ -369,3 +373,53 @@ def test_a_calls_delivery_records_are_the_codecs_bytes_for_each_destination(
     assert [d.destination_id for _, d in routed.deliveries] == names
     assert routed.delivery is not None
     assert CODEC.delivery_values(routed.delivery, names) == expected
+
+
+# ---- resends (``PIPELINE_DEDUPE_WINDOW``) ---------------------------------------------------------
+
+
+def dedupe_in(directory: Any) -> Dedupe:
+    state = PartitionState(
+        Settings(), changelog=TOPICS.changelog("dedupe"), directory=str(directory), retention=60.0
+    )
+    state.assigned([1], restore=False)
+    return Dedupe(state, 60.0)
+
+
+def test_a_resend_is_dropped_logged_as_a_duplicate_and_remembered_after_its_hand_off(
+    tmp_path: Any,
+) -> None:
+    dedupe = dedupe_in(tmp_path)
+    dropped = metrics.CALLS_DROPPED.labels("duplicate")
+    before = dropped._value.get()
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    now = int(time.time() * 1000)
+    value = CODEC.encode(
+        "Call", call_to_record(parse_call(track, source_id="web", received_at=now))
+    )
+    _, loop, producer, batch = run([value, value], log=True, dedupe=dedupe)
+    deliveries = [key for topic, key, *_ in producer.sent if topic == TOPICS.deliveries]
+    assert deliveries == [b"hooks-a/u1", b"hooks-b/u1"]  # the first copy's, once
+    assert dropped._value.get() == before + 1
+    # Its changelog record went out after the routed records, to the input partition's.
+    changelog = [r for r in producer.sent if r[0] == TOPICS.changelog("dedupe")]
+    assert [(r[1], r[4]) for r in changelog] == [(b"web\x00m1", 1)]
+    assert producer.sent.index(changelog[0]) > max(
+        i for i, r in enumerate(producer.sent) if r[0] == TOPICS.deliveries
+    )
+    [log] = [v for t, k, v, *_ in producer.sent if t == TOPICS.log]
+    first, resend = decode_log_records(CODEC, log)
+    assert [e["kind"] for e in first["entries"]] == ["received", "routed"]
+    [_, drop] = resend["entries"]
+    assert (drop["kind"], drop["reason"]) == ("dropped", "duplicate")
+    assert drop["error"] == f"a resend of the call first received at {format_timestamp(now)}"
+    assert loop.finished == batch
+    # The next batch's resend is recognised from the local store.
+    _, _, later, _ = run([value], dedupe=dedupe)
+    assert [r for r in later.sent if r[0] == TOPICS.deliveries] == []
+
+
+def test_without_dedupe_a_resend_is_routed_again() -> None:
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    _, _, producer, _ = run([call_value(track), call_value(track)])
+    assert len([r for r in producer.sent if r[0] == TOPICS.deliveries]) == 4
