@@ -49,6 +49,9 @@ Sections (the issue's numbering):
 11. 50 destinations per call, 10 answering 500 and 1 hanging (each destination on its own path of
     one of three hosts): the 39 healthy ones' deliveries/s against 50 healthy ones (same run,
     alternated).
+12. The router's resend memory (``PIPELINE_DEDUPE_WINDOW``): one router alone and end to end,
+    dedupe on against off (same run, alternated), and the restore of one partition's state of a
+    million keys from its changelog (``bench.dedupe``).
 """
 
 from __future__ import annotations
@@ -942,6 +945,21 @@ def section_log(bench: Bench) -> None:
     ]
 
 
+def section_dedupe(bench: Bench) -> None:
+    from .dedupe import section_dedupe as run
+
+    run(
+        bench,
+        router_rate=router_rate,
+        pipeline_rate=pipeline_rate,
+        warm_up=warm_up,
+        row=Row,
+        fmt=fmt,
+        median=median,
+        log=log,
+    )
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -952,6 +970,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "9": section_router,
     "10": section_log,
     "11": section_many,
+    "12": section_dedupe,
 }
 
 
@@ -1019,7 +1038,7 @@ def report(bench: Bench, started: float, load: str) -> str:
 
 - Versions: {versions()}.
 - Machine: {load}.
-- Each figure is the median of {bench.runs} runs (section 3: {max(bench.runs, 5)}); each ratio is
+- Each figure is the median of {bench.runs} runs (sections 3 and 12: {max(bench.runs, 5)}); each ratio is
   computed per run (ours and its reference back to back) and the median of those is shown. The
   machine is shared: compare ratios.
 - One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio

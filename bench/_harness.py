@@ -192,8 +192,10 @@ class Deployment:
             # As `pipeline dev` on the embedded broker, whose transactions can stall readers
             # (docs/decisions.md); section 9 measures the router with them on.
             PIPELINE_TRANSACTIONS="off",
-            # Each deployment's delivery log store: a file of its own, beside the worker logs.
+            # Each deployment's delivery log store: a file of its own, beside the worker logs;
+            # and its partition state.
             PIPELINE_LOG_STORE_URL=self.log_store_url,
+            PIPELINE_STATE_DIR=str(LOG_DIR / (s.topic_prefix + "state")),
         )
         env.update(extra)
         return env
