@@ -47,6 +47,17 @@ def broker() -> Iterator[EmbeddedBroker]:
 def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     """Settings for one test: a unique topic prefix, fast timings, topics created, the delivery
     log's store a file of the test's own."""
+    return fresh_settings(broker, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_settings(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """``settings`` for the tests of a module that read what one run left (its own prefix)."""
+    return fresh_settings(broker, tmp_path_factory.mktemp("module"))
+
+
+def fresh_settings(broker: EmbeddedBroker, directory: Path) -> Settings:
+    """A unique topic prefix, fast timings, topics created, files under ``directory``."""
     settings = Settings(
         bootstrap_servers=broker.bootstrap_servers,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
@@ -63,8 +74,8 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         transactions=False,
         circuit_cool_down=1.0,
         circuit_cool_down_max=1.0,  # never grows: tests time their probes (see test_circuit.py)
-        log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
-        state_dir=str(tmp_path / "state"),
+        log_store_url=f"sqlite:///{directory / 'log.sqlite3'}",
+        state_dir=str(directory / "state"),
     )
     create_topics(settings)
     return settings
@@ -72,6 +83,17 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def receiver_factory() -> Iterator[Callable[..., Receiver]]:
+    yield from receivers()
+
+
+@pytest.fixture(scope="module")
+def module_receiver_factory() -> Iterator[Callable[..., Receiver]]:
+    """``receiver_factory`` for a module's shared run."""
+    yield from receivers()
+
+
+def receivers() -> Iterator[Callable[..., Receiver]]:
+    """Makes receivers on 127.0.0.1 (on one server thread), closed when it resumes."""
     server = ServerThread()
 
     def make(

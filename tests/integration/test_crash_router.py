@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -105,8 +106,32 @@ def everything(settings: Settings, receiver: Receiver, logs: dict[str, Stderr]) 
     topics = topics_for(settings)
     roles = {"router": [topics.calls], "deliver": [topics.deliveries]}
     told = progress(receiver, settings)
-    wait_or_tell(lambda: unique_delivered(receiver) == CALLS, 90, logs, told)
+    all_delivered = until_quiet(lambda: unique_delivered(receiver), CALLS, QUIET)
+    wait_or_tell(all_delivered, 90, logs, told)
     wait_or_tell(lambda: caught_up(settings, roles), 45, logs, told, 0.5)
+
+
+#: No call delivered for this long while some are missing: the stream has stalled (a router
+#: taking over takes about a session timeout, 6 s, to start routing).
+QUIET = 40.0
+
+
+def until_quiet(count: Callable[[], int], expected: int, quiet: float) -> Callable[[], bool]:
+    """A predicate: ``count()`` reached ``expected``; fails at once when it has not moved for
+    ``quiet`` seconds (a stalled transaction is then told apart without waiting out the
+    whole timeout)."""
+    last, moved = -1, time.monotonic()
+
+    def reached() -> bool:
+        nonlocal last, moved
+        now = count()
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > quiet:
+            raise AssertionError(f"{now} of {expected}, none more for {quiet:.0f} s")
+        return now >= expected
+
+    return reached
 
 
 def delivery_records(settings: Settings) -> Counter[str]:

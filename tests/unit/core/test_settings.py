@@ -68,6 +68,14 @@ def test_transactions_take_on_and_off(word: str, value: bool) -> None:
     assert Settings.from_env({"PIPELINE_TRANSACTIONS": word}).transactions is value
 
 
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("", 24 * 3600.0), ("1h", 3600.0), ("90", 90.0), ("off", None), ("No", None)],
+)
+def test_the_dedupe_window_is_a_duration_or_off(word: str, value: float | None) -> None:
+    assert Settings.from_env({"PIPELINE_DEDUPE_WINDOW": word}).dedupe_window == value
+
+
 def test_design_examples() -> None:
     s = Settings.from_env(
         {
@@ -117,6 +125,8 @@ def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -
         ("PIPELINE_TRANSACTIONS", "maybe"),
         ("PIPELINE_COMMIT_INTERVAL", "often"),
         ("PIPELINE_COMMIT_INTERVAL", "0s"),
+        ("PIPELINE_DEDUPE_WINDOW", "a day"),
+        ("PIPELINE_DEDUPE_WINDOW", "0s"),
     ],
 )
 def test_malformed_values_name_the_variable(variable: str, value: str) -> None:
