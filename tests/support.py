@@ -73,6 +73,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name in sorted(settings.model_fields_set):
         value = getattr(settings, name)
         if value is None:
+            if name == "dedupe_window":  # None is "off" there, not "unset"
+                env[env_name(name)] = "off"
             continue
         if hasattr(value, "get_secret_value"):
             text = value.get_secret_value()

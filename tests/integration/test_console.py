@@ -127,6 +127,7 @@ def pipeline(
         allowed_networks=("127.0.0.0/8",),
         transactions=False,
         log_store_url=f"sqlite:///{tmp_path_factory.mktemp('log') / 'log.sqlite3'}",
+        state_dir=str(tmp_path_factory.mktemp("state")),
     )
     create_topics(settings)
     servers = ServerThread()
@@ -439,6 +440,21 @@ def test_find_a_message_and_read_its_trace(page: Any, pipeline: Pipeline):
     expect(attempt.locator("td.status")).to_have_text("200")
     expect(page.locator("tr.journey")).to_contain_text("delivered")
     screenshot(page, "trace")
+    # The same call sent again is dropped as a resend: the trace says so, and when the first
+    # copy came; the call stays delivered.
+    pipeline.send([dict(track(user, "Traced")[0], messageId=message_id)], "wk_web")
+    resend = page.locator("tr.entry.kind-dropped")
+
+    def resend_shown() -> bool:
+        page.reload()
+        return resend.count() == 1
+
+    wait_for(resend_shown, timeout=30)
+    expect(resend).to_contain_text("a resend of the call first received at 20")
+    expect(resend).to_contain_text("duplicate")
+    expect(page.locator("tr.journey.state-delivered")).to_contain_text("hooks")
+    expect(page.locator("tr.journey.state-dropped")).to_have_count(0)
+    assert _seen_users(hooks, user) == 1
     # A hostile messageId is one path segment in its link, and its trace is found.
     hostile_user = f"h-{uuid.uuid4().hex[:6]}"
     hostile_id = f"../destinations/new?x=<b>{uuid.uuid4().hex[:6]}#"

@@ -62,12 +62,13 @@ def _batch(tag: str, start: int, count: int) -> dict[str, object]:
 def test_roles_started_by_hand_with_no_settings_deliver_every_call(
     broker_command, receiver_factory, process_factory, tmp_path
 ):
-    # Only where the broker is, that loopback receivers are allowed, and a log store file of
-    # the test's own: nothing about transactions or timeouts.
+    # Only where the broker is, that loopback receivers are allowed, and a log store file and
+    # state directory of the test's own: nothing about transactions or timeouts.
     settings = Settings(
         bootstrap_servers=broker_command,
         allowed_networks=("127.0.0.0/8",),
         log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
+        state_dir=str(tmp_path / "state"),
     )
     receiver = receiver_factory()
     done = subprocess.run(

@@ -37,6 +37,7 @@ def secured_settings(where: SecuredBroker, tmp_path: Path, **security: str) -> S
         delivery_timeout=2.0,
         allowed_networks=("127.0.0.0/8",),
         log_store_url=f"sqlite:///{tmp_path / 'log.sqlite3'}",
+        state_dir=str(tmp_path / "state"),
         **security,
     )
 
