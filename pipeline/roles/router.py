@@ -177,7 +177,19 @@ class RouterHandler:
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """A hand-off's end: one that failed (its state could not be written) stops the worker,
+        its batch unfinished (routed again after a restart)."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("router: stopping: remembering a batch's calls failed: %r", exc)
+        if self.fatal is None:
+            self.fatal = exc
+        self._stop.set()
 
     async def _handle_in_transactions(
         self, batch: list[ConsumedRecord], loop: ConsumerLoop

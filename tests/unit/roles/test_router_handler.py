@@ -419,6 +419,21 @@ def test_a_resend_is_dropped_logged_as_a_duplicate_and_remembered_after_its_hand
     assert [r for r in later.sent if r[0] == TOPICS.deliveries] == []
 
 
+def test_a_state_that_cannot_be_written_stops_the_router_with_the_batch_unfinished(
+    tmp_path: Any,
+) -> None:
+    class Broken(Dedupe):
+        def apply(self, taken: Any, ends: Any = None) -> None:
+            raise OSError("No space left on device")
+
+    dedupe = dedupe_in(tmp_path)
+    broken = Broken(dedupe.state, 60.0)
+    track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
+    handler, loop, _, _ = run([call_value(track)], dedupe=broken)
+    assert isinstance(handler.fatal, OSError)
+    assert loop.finished == []  # routed again after a restart, its resends known or not
+
+
 def test_without_dedupe_a_resend_is_routed_again() -> None:
     track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
     _, _, producer, _ = run([call_value(track), call_value(track)])
