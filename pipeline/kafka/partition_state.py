@@ -336,9 +336,11 @@ class PartitionState:
             found: list[tuple[int, bytes] | None] = (
                 [None] * len(keys) if store is None else store.get_many(keys, now_ms=now_ms)
             )
+        # Read once each: ``released`` (on the consumer's thread) may drop them meanwhile.
         newer = [changes.entries for changes in self._taken.get(partition, ())]
-        if partition in self._staged:
-            newer.append(self._staged[partition])
+        staged = self._staged.get(partition)
+        if staged is not None:
+            newer.append(staged)
         for entries_ in newer:  # oldest first: the latest change of a key wins
             for index, key in enumerate(keys):
                 if key in entries_:
