@@ -132,8 +132,8 @@ def test_resends_are_still_dropped_after_another_router_took_the_partitions_over
 def test_a_restart_on_the_same_machine_reads_only_what_is_new_in_the_changelog(
     settings, receiver_factory, process_factory
 ):
-    """A worker that stopped cleanly marks its stores as holding the whole changelog: the next
-    one on the same state directory restores nothing, and still knows every call."""
+    """A store's checkpoint is the changelog offset Kafka acknowledged for what it applied: the
+    next worker on the same state directory restores nothing, and still knows every call."""
     receiver = receiver_factory()
     apply(settings, simple_config(receiver.url))
     calls = batch("again", 20)["batch"]
