@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,34 +100,52 @@ def test_a_resend_after_the_window_is_delivered_again(settings, receiver_factory
     wait_for(lambda: receiver.count() == 2, timeout=60)
 
 
-def test_resends_are_still_dropped_after_another_router_took_the_partitions_over(
-    settings, receiver_factory, process_factory, tmp_path
-):
-    """The first worker stops; the next starts on another machine's empty state directory and
-    restores what the first routed from the changelog topic."""
+def resent_to_a_second_worker(
+    settings: Settings,
+    receiver_factory: Callable[..., Any],
+    process_factory: Callable[..., Any],
+    tag: str,
+    *,
+    between: Callable[[], None] = lambda: None,
+    env: dict[str, str] | None = None,
+) -> str:
+    """A worker routes 20 calls and stops; ``between()`` runs; a second worker (``env``) is sent
+    every call again and drops each as a resend, delivering none. Returns the second's log."""
     receiver = receiver_factory()
     apply(settings, simple_config(receiver.url))
-    calls = batch("moved", 30)["batch"]
+    calls = batch(tag, 20)["batch"]
     first = process_factory(settings, "worker", "--no-log-store")
     send_calls(settings, calls, "wk")
-    wait_for(lambda: receiver.count() == 30, timeout=60)
+    wait_for(lambda: receiver.count() == 20, timeout=60)
     first.send_signal(signal.SIGTERM)
     assert first.wait(30) == 0
-
-    port = free_port()
-    elsewhere = {"PIPELINE_STATE_DIR": str(tmp_path / "another-machine")}
-    second = process_factory(
-        settings, "worker", "--no-log-store", "--metrics-port", str(port), env=elsewhere
-    )
+    between()
+    port = str(free_port())
+    second = process_factory(settings, "worker", "--no-log-store", "--metrics-port", port, env=env)
     send_calls(settings, calls, "wk")  # every one a resend
     wait_for(lambda: set(dropped_as_resends(settings)) >= {c["messageId"] for c in calls}, 60)
-    assert receiver.count() == 30
+    assert receiver.count() == 20
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0
     assert second.stderr is not None
-    assert re.search(r"restored \d+ changes in", second.stderr.read().decode())
-    restored = list((tmp_path / "another-machine" / "dedupe").iterdir())
-    assert restored, "the new worker keeps its own local stores"
+    return str(second.stderr.read().decode())
+
+
+def test_resends_are_still_dropped_after_another_router_took_the_partitions_over(
+    settings, receiver_factory, process_factory, tmp_path
+):
+    """The next worker starts on another machine's empty state directory and restores what the
+    first routed from the changelog topic."""
+    elsewhere = tmp_path / "another-machine"
+    said = resent_to_a_second_worker(
+        settings,
+        receiver_factory,
+        process_factory,
+        "moved",
+        env={"PIPELINE_STATE_DIR": str(elsewhere)},
+    )
+    assert re.search(r"restored \d+ changes in", said), said
+    assert list((elsewhere / "dedupe").iterdir()), "the new worker keeps its own local stores"
 
 
 def test_a_restart_on_the_same_machine_reads_only_what_is_new_in_the_changelog(
@@ -134,52 +153,23 @@ def test_a_restart_on_the_same_machine_reads_only_what_is_new_in_the_changelog(
 ):
     """A store's checkpoint is the changelog offset Kafka acknowledged for what it applied: the
     next worker on the same state directory restores nothing, and still knows every call."""
-    receiver = receiver_factory()
-    apply(settings, simple_config(receiver.url))
-    calls = batch("again", 20)["batch"]
-    first = process_factory(settings, "worker", "--no-log-store")
-    send_calls(settings, calls, "wk")
-    wait_for(lambda: receiver.count() == 20, timeout=60)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(30) == 0
-
-    second = process_factory(settings, "worker", "--no-log-store")
-    send_calls(settings, calls, "wk")
-    wait_for(lambda: set(dropped_as_resends(settings)) >= {c["messageId"] for c in calls}, 60)
-    assert receiver.count() == 20
-    second.send_signal(signal.SIGTERM)
-    assert second.wait(30) == 0
-    assert second.stderr is not None
-    said = second.stderr.read().decode()
+    said = resent_to_a_second_worker(settings, receiver_factory, process_factory, "again")
     assert "changes in" not in said, said  # "state ...[p]: restored N changes in T s"
 
 
 def test_a_local_store_that_cannot_be_opened_is_rebuilt_from_the_changelog(
     settings, receiver_factory, process_factory
 ):
-    receiver = receiver_factory()
-    apply(settings, simple_config(receiver.url))
-    calls = batch("corrupt", 10)["batch"]
-    worker = process_factory(settings, "worker", "--no-log-store")
-    send_calls(settings, calls, "wk")
-    wait_for(lambda: receiver.count() == 10, timeout=60)
-    worker.send_signal(signal.SIGTERM)
-    assert worker.wait(30) == 0
-    stores = Path(settings.state_dir) / "dedupe"
-    for store in stores.iterdir():  # every partition's store unreadable
-        shutil.rmtree(store)
-        store.mkdir()
-        (store / "CURRENT").write_text("not a manifest\n")
+    def corrupt() -> None:
+        for store in (Path(settings.state_dir) / "dedupe").iterdir():  # every partition's
+            shutil.rmtree(store)
+            store.mkdir()
+            (store / "CURRENT").write_text("not a manifest\n")
 
-    again = process_factory(settings, "worker", "--no-log-store")
-    send_calls(settings, calls, "wk")
-    wait_for(lambda: set(dropped_as_resends(settings)) >= {c["messageId"] for c in calls}, 60)
-    assert receiver.count() == 10
-    again.send_signal(signal.SIGTERM)
-    assert again.wait(30) == 0
-    assert again.stderr is not None
-    said = again.stderr.read().decode()
-    assert "cannot be opened" in said and "restored from the changelog" in said
+    said = resent_to_a_second_worker(
+        settings, receiver_factory, process_factory, "corrupt", between=corrupt
+    )
+    assert "cannot be opened" in said and "restored from the changelog" in said, said
 
 
 def test_a_missing_changelog_topic_is_a_clear_error_at_start(settings):
