@@ -12,6 +12,8 @@ restored when the partition is assigned. (Kafka Streams and Quix Streams keep th
   when its partition is assigned, it reads the changelog from there to the end before the
   partition's first record is handled. A local store that cannot be opened (corrupt,
   another version's) is emptied and restored whole; one that cannot be made at all stops the role.
+  One another process on this machine holds (its lock) is left alone: this process restores the
+  partition whole into a temporary store of its own.
 - **Time-bounded.** Every value carries the time it was written (epoch ms, the first 8 bytes).
   Entries older than ``retention`` read as absent and are not restored; RocksDB's TTL drops them at
   compaction, and the changelog topic keeps them as long (``cleanup.policy`` compact,delete).
@@ -34,6 +36,7 @@ import logging
 import os
 import shutil
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -67,6 +70,14 @@ _CHECKPOINT = b""
 _RESTORE_BATCH = 10_000
 #: How long a restore waits for the changelog to answer at all.
 _RESTORE_IDLE = 30.0
+
+
+def _held_elsewhere(exc: Exception) -> bool:
+    """RocksDB refused the store's lock: another process (or another store in this one) has it
+    open. ("IO error: While lock file: ...: Resource temporarily unavailable", or "lock hold by
+    current process".)"""
+    text = str(exc)
+    return text.startswith("IO error") and ("lock file" in text or "lock hold" in text)
 
 
 class StateUnavailable(PipelineError):
@@ -110,7 +121,8 @@ def check_changelog(settings: Settings, topic: str, timeout: float = 10.0) -> No
 class PartitionStore:
     """One partition's local store (a RocksDB directory)."""
 
-    def __init__(self, path: str, *, retention: float) -> None:
+    def __init__(self, path: str, *, retention: float, temporary: bool = False) -> None:
+        """``temporary``: the directory is deleted when the store is closed."""
         from rocksdict import (
             AccessType,
             BlockBasedOptions,
@@ -121,6 +133,7 @@ class PartitionStore:
         )
 
         self.path = path
+        self._temporary = temporary
         self._retention_ms = int(retention * 1000)
         self._batch = WriteBatch
         options = Options(raw_mode=True)
@@ -168,6 +181,8 @@ class PartitionStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 class PartitionState:
@@ -243,6 +258,8 @@ class PartitionState:
         try:
             return PartitionStore(path, retention=self._retention)
         except Exception as exc:  # noqa: BLE001 (RocksDB reports corruption as a plain Exception)
+            if _held_elsewhere(exc):
+                return self._open_private(partition, path)
             log.warning(
                 "state %s[%d]: the local store at %s cannot be opened (%s); it is emptied and "
                 "restored from the changelog",
@@ -258,6 +275,29 @@ class PartitionState:
             raise StateUnavailable(
                 f"state {self.changelog_topic}[{partition}]: cannot make a local store at {path}: "
                 f"{exc} (check PIPELINE_STATE_DIR: free space, permissions)"
+            ) from None
+
+    def _open_private(self, partition: int, path: str) -> PartitionStore:
+        """A store of this process's own, restored whole and deleted when closed: the shared one
+        is held by another process (a worker on this machine with the same ``PIPELINE_STATE_DIR``
+        that has not let the partition go yet, or a stopped one that does not know it lost it).
+        Never emptied: it is that process's."""
+        private = tempfile.mkdtemp(prefix=f"pipeline-state-{os.path.basename(path)}-")
+        log.warning(
+            "state %s[%d]: the local store at %s is held by another process on this machine; "
+            "this process restores the partition into a store of its own at %s",
+            self.changelog_topic,
+            partition,
+            path,
+            private,
+        )
+        try:
+            return PartitionStore(private, retention=self._retention, temporary=True)
+        except Exception as exc:  # noqa: BLE001
+            shutil.rmtree(private, ignore_errors=True)
+            raise StateUnavailable(
+                f"state {self.changelog_topic}[{partition}]: cannot make a local store at "
+                f"{private}: {exc}"
             ) from None
 
     def _restore(self, stores: dict[int, PartitionStore]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pipeline.core.calls import Call, CallType
 from pipeline.core.settings import Settings
 from pipeline.kafka.partition_state import PartitionState, PartitionStore, decode_value
@@ -102,6 +104,27 @@ def test_the_local_store_keeps_what_was_applied_and_its_checkpoint(tmp_path: Pat
     store.write([], checkpoint=41)
     assert store.checkpoint() == 41
     store.close()
+
+
+def test_a_store_another_process_holds_is_left_alone_and_a_private_one_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two routers on one machine with the same state directory, the first not yet letting the
+    partition go (stopped, say): the second must not empty the first's store."""
+    first = dedupe_in(tmp_path, partitions=(3,))
+    first.first_seen([(3, call("m1"))], T0)
+    first.apply(first.take([3]))
+    second = dedupe_in(tmp_path, partitions=(3,))  # the shared store's lock is the first's
+    assert "held by another process on this machine" in caplog.text
+    private = next(line for line in caplog.text.splitlines() if "a store of its own" in line)
+    path = Path(private.rsplit(" at ", 1)[1])
+    assert path.is_dir() and not path.is_relative_to(tmp_path)
+    assert second.first_seen([(3, call("m2"))], T0) == [None]  # restored from the changelog
+    assert first.first_seen([(3, call("m1"))], T0) == [T0]  # the first's store untouched
+    second.state.released([3])
+    assert not path.exists()  # a private store goes with the partition
+    first.state.released([3])
+    assert dedupe_in(tmp_path, partitions=(3,)).first_seen([(3, call("m1"))], T0) == [T0]
 
 
 def test_a_released_partitions_calls_read_as_new(tmp_path: Path) -> None:
