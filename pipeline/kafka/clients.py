@@ -134,19 +134,13 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
     ]
     specs += [NewTopic(name, settings.retry_partitions, rf) for name in topics.retry]
     compact = {"cleanup.policy": "compact"}
-    # A state's changelog: compacted (a key's latest value), and its entries gone after the
-    # state's retention (the window and an hour's margin, ``roles.dedupe.MARGIN``) and an hour
-    # more: restores skip what is past the retention anyway.
-    window = settings.dedupe_window or 24 * 3600.0
+    # A state's changelog: compacted (a key's latest value), and expired by time too.
     specs.append(
         NewTopic(
             topics.changelog("dedupe"),
             settings.partitions,
             rf,
-            config={
-                "cleanup.policy": "compact,delete",
-                "retention.ms": str(int((window + 2 * 3600) * 1000)),
-            },
+            config={"cleanup.policy": "compact,delete", **_dedupe_changelog_retention(settings)},
         )
     )
     specs += [
@@ -202,12 +196,19 @@ def _followed_configs(settings: Settings) -> dict[str, dict[str, str]]:
     ``PIPELINE_LOG_RETENTION``; ``PIPELINE_DEDUPE_WINDOW``). Other configs of an existing topic
     are left as they are: an operator may have tuned them by hand."""
     topics = topics_for(settings)
-    window = settings.dedupe_window or 24 * 3600.0
     return {
         topics.calls: {"retention.ms": str(int(settings.calls_retention * 1000))},
         topics.log: {"retention.ms": str(int(settings.log_retention * 1000))},
-        topics.changelog("dedupe"): {"retention.ms": str(int((window + 2 * 3600) * 1000))},
+        topics.changelog("dedupe"): _dedupe_changelog_retention(settings),
     }
+
+
+def _dedupe_changelog_retention(settings: Settings) -> dict[str, str]:
+    """The dedupe changelog keeps a key past the state's retention (the window and an hour's
+    margin, ``roles.dedupe.MARGIN``) by an hour more: restores skip what is past it anyway. (A
+    window turned off keeps the default's, for when it is turned on again.)"""
+    window = settings.dedupe_window or 24 * 3600.0
+    return {"retention.ms": str(int((window + 2 * 3600) * 1000))}
 
 
 def _apply_configs(admin: AdminClient, topic: str, wanted: dict[str, str], timeout: float) -> str:
