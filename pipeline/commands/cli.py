@@ -122,10 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnavailable as exc:
         print(f"error: Kafka unavailable: {exc}", file=sys.stderr)
         return 3
-    except StoreUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except StateUnavailable as exc:
+    except (StoreUnavailable, StateUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except (PipelineError, ValueError, OSError) as exc:
