@@ -269,13 +269,7 @@ class PartitionState:
                 exc,
             )
         shutil.rmtree(path, ignore_errors=True)
-        try:
-            return PartitionStore(path, retention=self._retention)
-        except Exception as exc:  # noqa: BLE001
-            raise StateUnavailable(
-                f"state {self.changelog_topic}[{partition}]: cannot make a local store at {path}: "
-                f"{exc} (check PIPELINE_STATE_DIR: free space, permissions)"
-            ) from None
+        return self._make(partition, path)
 
     def _open_private(self, partition: int, path: str) -> PartitionStore:
         """A store of this process's own, restored whole and deleted when closed: the shared one
@@ -291,13 +285,18 @@ class PartitionState:
             path,
             private,
         )
+        return self._make(partition, private, temporary=True)
+
+    def _make(self, partition: int, path: str, *, temporary: bool = False) -> PartitionStore:
+        """A new store at ``path``, or ``StateUnavailable`` saying why none can be made."""
         try:
-            return PartitionStore(private, retention=self._retention, temporary=True)
+            return PartitionStore(path, retention=self._retention, temporary=temporary)
         except Exception as exc:  # noqa: BLE001
-            shutil.rmtree(private, ignore_errors=True)
+            if temporary:
+                shutil.rmtree(path, ignore_errors=True)
             raise StateUnavailable(
-                f"state {self.changelog_topic}[{partition}]: cannot make a local store at "
-                f"{private}: {exc}"
+                f"state {self.changelog_topic}[{partition}]: cannot make a local store at {path}: "
+                f"{exc} (check free space and permissions there; PIPELINE_STATE_DIR sets where)"
             ) from None
 
     def _restore(self, stores: dict[int, PartitionStore]) -> None:

@@ -9,7 +9,12 @@ import pytest
 
 from pipeline.core.calls import Call, CallType
 from pipeline.core.settings import Settings
-from pipeline.kafka.partition_state import PartitionState, PartitionStore, decode_value
+from pipeline.kafka.partition_state import (
+    PartitionState,
+    PartitionStore,
+    StateUnavailable,
+    decode_value,
+)
 from pipeline.roles.dedupe import MARGIN, Dedupe, dedupe_key
 
 T0 = 1_800_000_000_000
@@ -125,6 +130,14 @@ def test_a_store_another_process_holds_is_left_alone_and_a_private_one_used(
     assert not path.exists()  # a private store goes with the partition
     first.state.released([3])
     assert dedupe_in(tmp_path, partitions=(3,)).first_seen([(3, call("m1"))], T0) == [T0]
+
+
+def test_a_store_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the state directory should be\n")
+    with pytest.raises(StateUnavailable) as info:
+        dedupe_in(tmp_path / "taken", partitions=(2,))
+    assert "t.state.dedupe.changelog[2]: cannot make a local store at " in str(info.value)
+    assert str(tmp_path / "taken") in str(info.value)
 
 
 def test_a_released_partitions_calls_read_as_new(tmp_path: Path) -> None:
