@@ -53,22 +53,16 @@ class Dedupe:
         (epoch ms), else ``None``, and the call is staged as routed now (a copy received past
         the window of the first starts a window of its own). ``None`` items (records
         that are not calls) and ``delete`` calls are never resends."""
-        by_partition: dict[int, list[int]] = {}
-        keys: list[bytes | None] = []
+        by_partition: dict[int, list[tuple[int, bytes, Call]]] = {}
         for index, item in enumerate(calls):
-            if item is None or item[1].type is CallType.DELETE:
-                keys.append(None)
-                continue
-            keys.append(dedupe_key(item[1]))
-            by_partition.setdefault(item[0], []).append(index)
+            if item is not None and item[1].type is not CallType.DELETE:
+                partition, call = item
+                by_partition.setdefault(partition, []).append((index, dedupe_key(call), call))
         found: list[int | None] = [None] * len(calls)
-        for partition, indices in by_partition.items():
-            wanted = [keys[i] for i in indices]
-            known = self.state.get_many(partition, wanted, now_ms)  # type: ignore[arg-type]
+        for partition, items in by_partition.items():
+            known = self.state.get_many(partition, [key for _, key, _ in items], now_ms)
             here: dict[bytes, int] = {}  # this batch's own first copies
-            for index, key, seen in zip(indices, wanted, known, strict=True):
-                assert key is not None
-                call = calls[index][1]  # type: ignore[index]
+            for (index, key, call), seen in zip(items, known, strict=True):
                 first = seen[0] if seen is not None else here.get(key)
                 if first is not None and call.received_at - first <= self._window_ms:
                     found[index] = first
