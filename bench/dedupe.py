@@ -88,28 +88,28 @@ def section_dedupe(
     keys = bench.n(1_000_000)
     seconds, disk = restore_time(modes["on"], keys)
     log(f"12: restored {keys:,} keys in {seconds:.1f} s, {disk / 1e6:.0f} MB on disk")
-    router_ratios = [a / b for a, b in zip(routers["on"], routers["off"], strict=True)]
-    e2e_ratios = [a / b for a, b in zip(e2e["on"], e2e["off"], strict=True)]
+
+    def on_against_off(measure: str, rates: dict[str, list[float]]) -> Any:
+        """A row of dedupe on against off, the ratio the median of the runs' ratios."""
+        pairs = list(zip(rates["on"], rates["off"], strict=True))
+        ratio = median([on / off for on, off in pairs])
+        return row(
+            "12",
+            measure,
+            fmt(median(rates["on"])),
+            f"dedupe off: {fmt(median(rates['off']))}",
+            fmt(ratio),
+            "≥ 0.9",
+            ratio >= 0.9,
+            [f"{on:,.0f}/{off:,.0f}" for on, off in pairs],
+        )
+
     bench.rows += [
-        row(
-            "12",
-            f"one `pipeline router` alone, {calls:,} calls backlog, dedupe on (calls/s)",
-            fmt(median(routers["on"])),
-            f"dedupe off: {fmt(median(routers['off']))}",
-            fmt(median(router_ratios)),
-            "≥ 0.9",
-            median(router_ratios) >= 0.9,
-            [f"{a:,.0f}/{b:,.0f}" for a, b in zip(routers["on"], routers["off"], strict=True)],
+        on_against_off(
+            f"one `pipeline router` alone, {calls:,} calls backlog, dedupe on (calls/s)", routers
         ),
-        row(
-            "12",
-            f"end to end, one `pipeline worker`, {e2e_calls:,} calls, dedupe on (events/s)",
-            fmt(median(e2e["on"])),
-            f"dedupe off: {fmt(median(e2e['off']))}",
-            fmt(median(e2e_ratios)),
-            "≥ 0.9",
-            median(e2e_ratios) >= 0.9,
-            [f"{a:,.0f}/{b:,.0f}" for a, b in zip(e2e["on"], e2e["off"], strict=True)],
+        on_against_off(
+            f"end to end, one `pipeline worker`, {e2e_calls:,} calls, dedupe on (events/s)", e2e
         ),
         row(
             "12",
