@@ -294,20 +294,25 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "max_in_flight": d.max_in_flight,
         "rate_limit": d.rate_limit,
         "disable_after": _duration(d.disable_after),
+        "ordering": d.ordering.value,
         "disabled_reason": d.disabled_reason,
         "disabled_at": d.disabled_at,
     }
 
 
 def _policy_line(d: dict[str, Any]) -> str:
-    """``retry 10s,1m,5m deadline 4h; max in flight 200; rate limit 50/s; disable after 24h``."""
+    """``retry 10s,1m,5m deadline 4h; max in flight 200; rate limit 50/s; disable after 24h``,
+    then ``; ordering per_user`` when the ordering is not the default (``none``)."""
+    from pipeline.core.config import Ordering
+
     retry = d["retry"] or {}
     delays = ",".join(retry.get("delays") or []) or "default"
     deadline = retry.get("deadline") or "default"
     rate = "-" if d["rate_limit"] is None else f"{d['rate_limit']:g}/s"
+    ordering = "" if d["ordering"] == Ordering.NONE else f"; ordering {d['ordering']}"
     return (
         f"retry {delays} deadline {deadline}; max in flight {d['max_in_flight'] or '-'}; "
-        f"rate limit {rate}; disable after {d['disable_after'] or '-'}"
+        f"rate limit {rate}; disable after {d['disable_after'] or '-'}{ordering}"
     )
 
 

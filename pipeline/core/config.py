@@ -20,6 +20,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         max_in_flight: 200              # optional; its share of a worker's PIPELINE_MAX_IN_FLIGHT
         rate_limit: 50                  # optional; requests/s over the whole delivery group
         disable_after: 24h              # optional; auto-disable after failing every attempt this long
+        ordering: per_user              # optional; none (the default) or per_user (see Ordering)
 
 Durations are ``500ms``, ``10s``, ``5m``, ``4h``, ``7d`` or a number of seconds, and are kept as
 float seconds.
@@ -31,6 +32,7 @@ float seconds.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -55,6 +57,7 @@ __all__ = [
     "shown_write_key",
     "Source",
     "Destination",
+    "Ordering",
     "Webhook",
     "RetryPolicy",
     "DurationRange",
@@ -222,6 +225,16 @@ class RetryPolicy(_Model):
     deadline: RetryDeadline | None = None
 
 
+class Ordering(enum.StrEnum):
+    """In what order a destination receives calls (``ordering`` in the config file)."""
+
+    NONE = "none"
+    """As they come: a call waiting for a retry holds no other call back (the default)."""
+    PER_USER = "per_user"
+    """Each user's calls (``userId``, else ``anonymousId``) in the order the router received
+    them: a call waiting in a retry tier or parked holds that user's later calls back."""
+
+
 class Source(_Model):
     id: Id
     name: str = ""
@@ -250,11 +263,18 @@ class Destination(_Model):
     max_in_flight: Annotated[int, Field(strict=True, ge=1, le=MAX_IN_FLIGHT)] | None = None
     #: Auto-disable an endpoint that has failed every attempt for this many seconds (1m..30d).
     disable_after: DisableAfter | None = None
+    #: ``per_user``: each user's calls are delivered in the order the router received them.
+    ordering: Ordering = Ordering.NONE
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)
     #: Set by the pipeline when it auto-disables the destination (accepted in YAML so that an
     #: exported config applies unchanged): why, and when (epoch milliseconds).
     disabled_reason: str | None = None
     disabled_at: Annotated[int, Field(strict=True, ge=0)] | None = None
+
+    @property
+    def ordered(self) -> bool:
+        """Whether each user's calls must reach this destination in order."""
+        return self.ordering is Ordering.PER_USER
 
     @field_validator("retry")
     @classmethod
@@ -321,6 +341,8 @@ def _message(error: Mapping[str, Any]) -> str:
         return f"must be at most {_number(ctx.get('le'))}, got {error.get('input')!r}"
     if kind == "extra_forbidden":
         return "is not a known field"
+    if kind == "enum":
+        return f"must be {ctx.get('expected')}, got {error.get('input')!r}"
     if kind == "missing":
         return "is required"
     if kind == "string_pattern_mismatch":
@@ -482,6 +504,7 @@ def _destination_data(dest: Destination) -> dict[str, Any]:
             "disable_after": None
             if dest.disable_after is None
             else _duration_text(dest.disable_after),
+            "ordering": None if dest.ordering is Ordering.NONE else dest.ordering.value,
             "disabled_reason": dest.disabled_reason,
             "disabled_at": dest.disabled_at,
         }

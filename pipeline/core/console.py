@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.config import ConfigTable, Destination, Source, config_data
+from pipeline.core.config import ConfigTable, Destination, Ordering, Source, config_data
 from pipeline.core.durations import HOUR_MS
 
 __all__ = [
@@ -83,7 +83,8 @@ def destination_data(
     ``url_N`` / ``headers_N`` per webhook row, ``secret_action`` (``keep``, ``set``, ``clear``)
     with ``secret``, and the policy: ``retry_delays`` (``10s, 1m``), ``retry_deadline``,
     ``max_in_flight``, ``rate_limit``, ``disable_after``; an empty policy field means the global
-    setting. ``sources`` are the ticked source ids. Rows without a URL are left out (that is how a
+    setting; ``ordering`` (``none``, ``per_user``; left out: the current one's).
+    ``sources`` are the ticked source ids. Rows without a URL are left out (that is how a
     webhook is removed). ``FormError`` for a value that is not even the file's kind of value.
     """
     data: dict[str, Any] = {
@@ -128,6 +129,10 @@ def destination_data(
         data["rate_limit"] = _number(rate_limit, whole=False)
     if disable_after := form.get("disable_after", "").strip():
         data["disable_after"] = disable_after
+    # A form without the field (a page or a script from before it) keeps the current ordering.
+    ordering = form.get("ordering", current.ordering.value if current is not None else "").strip()
+    if ordering and ordering != Ordering.NONE:
+        data["ordering"] = ordering
     return data
 
 
@@ -147,6 +152,7 @@ def destination_form(dest: Destination | None) -> dict[str, str]:
         "max_in_flight": "" if dest.max_in_flight is None else str(dest.max_in_flight),
         "rate_limit": "" if dest.rate_limit is None else _number_text(dest.rate_limit),
         "disable_after": str(exported.get("disable_after") or ""),
+        "ordering": dest.ordering.value,
     }
     for row, hook in enumerate(dest.webhooks):
         form[f"url_{row}"] = hook.url

@@ -136,6 +136,7 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "disabledAt": dest.disabled_at,
         "changedBy": origin.changed_by,
         "changedAt": origin.changed_at,
+        "ordering": dest.ordering.value,
     }
 
 
@@ -160,6 +161,7 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         disable_after=record["disableAfter"],
         disabled_reason=record["disabledReason"],
         disabled_at=record["disabledAt"],
+        ordering=record["ordering"],
     )
 
 

@@ -42,6 +42,7 @@ FULL: dict[str, Any] = {
             "max_in_flight": 200,
             "rate_limit": 2.5,
             "disable_after": "24h",
+            "ordering": "per_user",
             "disabled_reason": "every attempt failed for 1d (disable_after 1d)",
             "disabled_at": 1_795_273_500_000,
         },

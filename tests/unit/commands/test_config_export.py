@@ -17,7 +17,14 @@ from pipeline.commands.config import (
     format_export,
     overwrite_warning,
 )
-from pipeline.core.config import ConfigTable, Destination, Source, Webhook, validate_config
+from pipeline.core.config import (
+    ConfigTable,
+    Destination,
+    Ordering,
+    Source,
+    Webhook,
+    validate_config,
+)
 from pipeline.kafka.config_store import Origin
 
 from ..core._config_tables import config_tables
@@ -81,6 +88,23 @@ def test_the_file_reads_like_the_documented_example() -> None:
         "    headers: {Authorization: Bearer abc}",
         "  disable_after: 1d",
     ]
+
+
+def test_an_ordered_destination_exports_its_ordering_and_applies_unchanged() -> None:
+    dest = Destination(
+        id="hooks",
+        sources=["web"],
+        webhooks=[Webhook(url="https://example.com/")],
+        ordering=Ordering.PER_USER,
+    )
+    table = ConfigTable.build([Source(id="web")], [dest])
+    text = exported(table)
+    assert "  ordering: per_user" in text.splitlines()
+    assert applied(text) == table
+    plain = ConfigTable.build(
+        [Source(id="web")], [dest.model_copy(update={"ordering": Ordering.NONE})]
+    )
+    assert "ordering" not in exported(plain)  # the default is left out
 
 
 def test_an_export_file_is_private_even_when_it_existed(tmp_path: Path) -> None:

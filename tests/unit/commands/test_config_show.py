@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from pipeline.commands.config import format_config
-from pipeline.core.config import ConfigTable, Destination, RetryPolicy, Source, Webhook
+from pipeline.core.config import ConfigTable, Destination, Ordering, RetryPolicy, Source, Webhook
 
 SECRET = "sekrit-hmac-key-0042"
 TOKEN = "Bearer tok-9f8e7d6c"
@@ -40,6 +40,22 @@ def test_text_shows_the_policy_under_each_destination() -> None:
         "  retry default deadline default; max in flight -; rate limit -; disable after -"
     )
     assert lines[plain + 2 :] == []
+
+
+def test_the_ordering_is_shown_when_it_is_not_the_default() -> None:
+    ordered = PLAIN.model_copy(update={"ordering": Ordering.PER_USER})
+    lines = format_config(ConfigTable.build([Source(id="web")], [ordered])).splitlines()
+    plain = next(i for i, line in enumerate(lines) if line.startswith("plain "))
+    assert lines[plain + 1] == (
+        "  retry default deadline default; max in flight -; rate limit -; disable after -; "
+        "ordering per_user"
+    )
+    assert "ordering" not in format_config(TABLE)  # none, the default, goes without saying
+    shown = orjson.loads(
+        format_config(ConfigTable.build([Source(id="web")], [ordered]), as_json=True)
+    )
+    assert shown["destinations"][0]["ordering"] == "per_user"
+    assert orjson.loads(format_config(TABLE, as_json=True))["destinations"][1]["ordering"] == "none"
 
 
 def test_a_partial_retry_policy_shows_the_default_for_the_rest() -> None:

@@ -9,6 +9,7 @@ from pipeline.core.config import (
     RESERVED_HEADERS,
     ConfigTable,
     Destination,
+    Ordering,
     RetryPolicy,
     Source,
     Webhook,
@@ -72,6 +73,7 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
                 retry=draw(st.none() | retry_policies),
                 max_in_flight=draw(st.none() | st.integers(1, 100_000)),
                 disable_after=draw(st.none() | durations(60.0, 30 * 86_400.0)),
+                ordering=draw(st.sampled_from(Ordering)),
                 webhooks=draw(
                     st.lists(
                         st.builds(

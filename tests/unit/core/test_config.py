@@ -13,6 +13,7 @@ from pipeline.core.config import (
     RESERVED_HEADERS,
     ConfigTable,
     Destination,
+    Ordering,
     PipelineConfig,
     RetryPolicy,
     Source,
@@ -458,6 +459,7 @@ POLICY: dict[str, Any] = {
     "max_in_flight": 200,
     "rate_limit": 50,
     "disable_after": "24h",
+    "ordering": "per_user",
 }
 
 
@@ -467,6 +469,7 @@ def test_a_full_delivery_policy() -> None:
     assert dest.max_in_flight == 200
     assert dest.rate_limit == 50.0
     assert dest.disable_after == 86400.0
+    assert (dest.ordering, dest.ordered) == (Ordering.PER_USER, True)
     assert (dest.disabled_reason, dest.disabled_at) == (None, None)
 
 
@@ -476,7 +479,12 @@ def test_policy_defaults_when_absent() -> None:
     assert dest.max_in_flight is None
     assert dest.rate_limit is None
     assert dest.disable_after is None
+    assert (dest.ordering, dest.ordered) == (Ordering.NONE, False)  # calls as they come
     assert (dest.disabled_reason, dest.disabled_at) == (None, None)
+
+
+def test_ordering_none_written_out_is_the_default() -> None:
+    assert validate_config(config(ordering="none")).destinations[0].ordering is Ordering.NONE
 
 
 def test_retry_keys_are_optional_each() -> None:
@@ -596,6 +604,18 @@ def test_disabled_state_is_accepted_in_yaml() -> None:
             {"disabled_at": -1},
             "destinations[0] (hooks-1).disabled_at: must be at least 0, got -1",
         ),
+        (
+            {"ordering": "fifo"},
+            "destinations[0] (hooks-1).ordering: must be 'none' or 'per_user', got 'fifo'",
+        ),
+        (
+            {"ordering": "PER_USER"},
+            "destinations[0] (hooks-1).ordering: must be 'none' or 'per_user', got 'PER_USER'",
+        ),
+        (
+            {"ordering": None},
+            "destinations[0] (hooks-1).ordering: must be 'none' or 'per_user', got None",
+        ),
     ],
     ids=[
         "delay-not-a-duration",
@@ -619,6 +639,9 @@ def test_disabled_state_is_accepted_in_yaml() -> None:
         "disable-after-not-a-duration",
         "rate-limit-zero",
         "disabled-at-negative",
+        "ordering-unknown",
+        "ordering-upper-case",
+        "ordering-null",
     ],
 )
 def test_bad_delivery_policy(policy: dict[str, Any], expected: str) -> None:

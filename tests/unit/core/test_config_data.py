@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from pipeline.core.config import (
     ConfigTable,
     Destination,
+    Ordering,
     RetryPolicy,
     Source,
     Webhook,
@@ -33,6 +34,7 @@ FULL = Destination(
     retry=RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=4 * 3600.0),
     max_in_flight=200,
     disable_after=86_400.0,
+    ordering=Ordering.PER_USER,
     webhooks=[
         Webhook(url="https://example.com/h", headers={"Authorization": "Bearer abc"}),
         Webhook(url="http://127.0.0.1:8090/x"),
@@ -74,6 +76,7 @@ def test_sources_then_destinations_sorted_by_id_with_the_documented_key_order() 
         "max_in_flight",
         "rate_limit",
         "disable_after",
+        "ordering",
         "disabled_reason",
         "disabled_at",
     ]
@@ -100,6 +103,12 @@ def test_durations_are_the_text_the_file_takes_and_exact() -> None:
     data = config_data(ConfigTable.build(SOURCES, [odd]))["destinations"][0]
     assert data["retry"] == {"delays": ["1500ms", 1.0004]}  # no unit says 1.0004 s exactly
     assert data["rate_limit"] == 2.5
+
+
+def test_the_ordering_is_its_value_as_plain_text() -> None:
+    hooks = config_data(TABLE)["destinations"][0]
+    assert hooks["ordering"] == "per_user"
+    assert type(hooks["ordering"]) is str  # yaml.safe_dump refuses an enum
 
 
 def test_secrets_are_exported() -> None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from pipeline.core.config import ConfigTable, Destination, Source, Webhook, validate_config
+from pipeline.core.config import (
+    ConfigTable,
+    Destination,
+    Ordering,
+    Source,
+    Webhook,
+    validate_config,
+)
 from pipeline.core.console import (
     FormError,
     bars,
@@ -97,6 +104,44 @@ def test_a_number_that_is_not_one_reaches_the_model_as_typed():
     assert caught.value.problems == [
         "destinations[0] (hooks).max_in_flight: must be a whole number, got 'many'"
     ]
+
+
+def validated(data: dict[str, object]) -> Destination:
+    return validate_config({"sources": [{"id": "web"}], "destinations": [data]}).destinations[0]
+
+
+def test_the_ordering_select_sets_the_field():
+    per_user = destination_data(form(ordering="per_user"), ["web"], CURRENT)
+    assert per_user["ordering"] == "per_user"
+    assert validated(per_user).ordering is Ordering.PER_USER
+    # none is the default: left out of the mapping, as config export leaves it out
+    ordered = CURRENT.model_copy(update={"ordering": Ordering.PER_USER})
+    back = destination_data(form(ordering="none"), ["web"], ordered)
+    assert "ordering" not in back
+    assert validated(back).ordering is Ordering.NONE
+
+
+def test_a_form_without_the_ordering_keeps_the_current_one():
+    ordered = CURRENT.model_copy(update={"ordering": Ordering.PER_USER})
+    assert destination_data(form(), ["web"], ordered)["ordering"] == "per_user"
+    assert "ordering" not in destination_data(form(), ["web"], CURRENT)
+    assert "ordering" not in destination_data({**form(), "id": "new"}, ["web"], None)
+
+
+def test_the_form_preselects_the_destinations_ordering():
+    assert destination_form(CURRENT)["ordering"] == "none"
+    ordered = CURRENT.model_copy(update={"ordering": Ordering.PER_USER})
+    assert destination_form(ordered)["ordering"] == "per_user"
+    assert changed_fields(CURRENT, ordered) == ["ordering"]
+
+
+def test_an_ordering_that_is_not_one_is_refused_next_to_its_field():
+    data = destination_data(form(ordering="<b>fifo</b>"), ["web"], CURRENT)
+    with pytest.raises(ConfigError) as caught:
+        validated(data)
+    problem = "destinations[0] (hooks).ordering: must be 'none' or 'per_user', got '<b>fifo</b>'"
+    assert caught.value.problems == [problem]
+    assert problems_by_field(caught.value.problems, "hooks") == {"ordering": [problem]}
 
 
 def test_problems_go_next_to_the_field_they_name():

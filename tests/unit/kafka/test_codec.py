@@ -180,12 +180,16 @@ RECORDS: dict[str, dict[str, Any]] = {
         "disabledAt": 1_795_273_500_000,
         "changedBy": "console:ab12",
         "changedAt": 1_795_470_065_000,
+        "ordering": "per_user",
     },
 }
 
 #: Source and Destination fields added after schemas/history/source.v1.avsc and
 #: destination.v3.avsc (who wrote the record, and when), with their defaults.
 ORIGIN_DEFAULTS = {"changedBy": None, "changedAt": None}
+
+#: The Destination field added after schemas/history/destination.v4.avsc, with its default.
+ORDERING_DEFAULTS = {"ordering": "none"}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -212,7 +216,14 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
     record = {
         k: v
         for k, v in RECORDS["Destination"].items()
-        if k not in ("standardWebhooks", "rateLimit", *DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS)
+        if k
+        not in (
+            "standardWebhooks",
+            "rateLimit",
+            *DESTINATION_V3_DEFAULTS,
+            *ORIGIN_DEFAULTS,
+            *ORDERING_DEFAULTS,
+        )
     }
     out = io.BytesIO()
     out.write(MAGIC + _fingerprint(old))
@@ -224,6 +235,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         "rateLimit": None,
         **DESTINATION_V3_DEFAULTS,
         **ORIGIN_DEFAULTS,
+        **ORDERING_DEFAULTS,
     }
 
 
@@ -237,10 +249,15 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
     record = {
         k: v
         for k, v in RECORDS["Destination"].items()
-        if k not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS)
+        if k not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS, *ORDERING_DEFAULTS)
     }
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **DESTINATION_V3_DEFAULTS, **ORIGIN_DEFAULTS}
+    assert decoded == {
+        **record,
+        **DESTINATION_V3_DEFAULTS,
+        **ORIGIN_DEFAULTS,
+        **ORDERING_DEFAULTS,
+    }
 
 
 @pytest.mark.parametrize(
@@ -252,8 +269,18 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     """schemas/history/source.v1.avsc and destination.v3.avsc predate changedBy and changedAt."""
     old = json.loads((schema_dir() / "history" / f"{shipped}.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORIGIN_DEFAULTS)
-    record = {k: v for k, v in RECORDS[name].items() if k not in ORIGIN_DEFAULTS}
-    assert codec.decode(name, write_with(old, record)) == {**record, **ORIGIN_DEFAULTS}
+    later = {**ORIGIN_DEFAULTS, **(ORDERING_DEFAULTS if name == "Destination" else {})}
+    record = {k: v for k, v in RECORDS[name].items() if k not in later}
+    assert codec.decode(name, write_with(old, record)) == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(codec: Codec) -> None:
+    """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
+    old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ORDERING_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **ORDERING_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

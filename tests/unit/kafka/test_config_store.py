@@ -14,6 +14,7 @@ import pytest
 from pipeline.core.config import (
     ConfigTable,
     Destination,
+    Ordering,
     PipelineConfig,
     RetryPolicy,
     Source,
@@ -56,6 +57,7 @@ FULL = Destination(
     retry=RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=4 * 3600.0),
     max_in_flight=200,
     disable_after=86_400.0,
+    ordering=Ordering.PER_USER,
     webhooks=[Webhook(url="https://example.com/h", headers={"Authorization": "Bearer abc"})],
     disabled_reason="every attempt failed for 24h",
     disabled_at=1_795_273_500_000,
@@ -107,6 +109,29 @@ def test_a_v2_record_decodes_to_a_destination_without_a_policy(codec: Codec) -> 
     assert dest.disable_after is None
     assert dest.disabled_reason is None
     assert dest.disabled_at is None
+    assert dest.ordering is Ordering.NONE
+
+
+def test_a_per_user_ordering_round_trips(codec: Codec) -> None:
+    ordered = through_kafka(codec, FULL)
+    assert (ordered.ordering, ordered.ordered) == (Ordering.PER_USER, True)
+    plain = through_kafka(codec, FULL.model_copy(update={"ordering": Ordering.NONE}))
+    assert (plain.ordering, plain.ordered) == (Ordering.NONE, False)
+    assert _encode_destination(FULL, APPLIED)["ordering"] == "per_user"
+
+
+def test_a_v4_record_written_before_ordering_reads_as_none(codec: Codec) -> None:
+    v4 = fastavro.parse_schema(
+        json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
+    )
+    record = {k: v for k, v in _encode_destination(FULL, APPLIED).items() if k != "ordering"}
+    canonical = fastavro.schema.to_parsing_canonical_form(copy.deepcopy(v4))
+    out = io.BytesIO()
+    out.write(MAGIC + bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO")))
+    fastavro.schemaless_writer(out, v4, record)
+    dest = _decode_destination(codec.decode("Destination", out.getvalue()))
+    assert dest == FULL.model_copy(update={"ordering": Ordering.NONE})
+    assert dest.ordered is False
 
 
 def test_who_wrote_a_record_and_when_round_trips(codec: Codec) -> None:
