@@ -33,6 +33,8 @@ __all__ = [
     "call_log_record",
     "conclusion_log_record",
     "suppressed_log_record",
+    "held_log_record",
+    "released_log_record",
     "entry",
     "LOG_BATCH_BYTES",
     "log_batch",
@@ -68,6 +70,12 @@ class LogKind(enum.StrEnum):
     """A dead letter (or a range of calls) was sent again; ``replay_id`` names the replay."""
     SUPPRESSED = "suppressed"
     """Not delivered: a deletion request for the user came first."""
+    HELD = "held"
+    """Waits behind an earlier call of the same user to an ordered destination (``reason``: that
+    call's messageId) until it has an outcome."""
+    RELEASED = "released"
+    """An ordered destination's call that held its user back has an outcome; ``reason`` says which
+    and names the calls that then went on (past it, when it was dead-lettered)."""
 
 
 class JourneyState(enum.StrEnum):
@@ -81,6 +89,8 @@ class JourneyState(enum.StrEnum):
     DEAD_LETTERED = "dead_lettered"
     DROPPED = "dropped"
     SUPPRESSED = "suppressed"
+    HELD = "held"
+    """Held behind an earlier call of its user (``reason``: its messageId)."""
 
 
 _STATE_AFTER: dict[LogKind, JourneyState | None] = {
@@ -93,6 +103,8 @@ _STATE_AFTER: dict[LogKind, JourneyState | None] = {
     LogKind.DEAD_LETTERED: JourneyState.DEAD_LETTERED,
     LogKind.REPLAYED: JourneyState.ROUTED,
     LogKind.SUPPRESSED: JourneyState.SUPPRESSED,
+    LogKind.HELD: JourneyState.HELD,
+    LogKind.RELEASED: None,
 }
 
 
@@ -302,6 +314,22 @@ def suppressed_log_record(delivery: Delivery, at: int, reason: str) -> Record:
     an attempt: a deletion request for the user came after the call (``reason`` says so)."""
     suppressed = entry(LogKind.SUPPRESSED, at, destination=delivery.destination_id, reason=reason)
     return log_record(delivery.message_id, delivery.source_id, delivery.call_type, [suppressed])
+
+
+def held_log_record(delivery: Delivery, at: int, blocker: str) -> Record:
+    """The delivery handler's record for a delivery held at ``at`` (epoch ms) behind the call
+    ``blocker`` of the same user to an ordered destination."""
+    held = entry(LogKind.HELD, at, destination=delivery.destination_id, reason=blocker)
+    return log_record(delivery.message_id, delivery.source_id, delivery.call_type, [held])
+
+
+def released_log_record(
+    message_id: str, source: str, call_type: str, destination: str, at: int, detail: str
+) -> Record:
+    """The record for a call that held its user back to an ordered destination and has an
+    outcome: ``detail`` says which, and which calls went on then."""
+    released = entry(LogKind.RELEASED, at, destination=destination, reason=detail)
+    return log_record(message_id, source, call_type, [released])
 
 
 _KINDS = {kind.value: kind for kind in LogKind}

@@ -69,7 +69,8 @@ class Topics:
 
     def changelog(self, state: str) -> str:
         """The changelog of a partition state (``dedupe``: the router's memory of the calls it
-        routed), one partition per input partition (compacted, with a time retention)."""
+        routed; ``ordering``: the deliver role's held users), one partition per input
+        partition (compacted)."""
         return f"{self.prefix}state.{state}.changelog"
 
     @property

@@ -143,6 +143,8 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
             config={"cleanup.policy": "compact,delete", **_dedupe_changelog_retention(settings)},
         )
     )
+    # The held users of ordered destinations: a key is deleted when its hold ends, never by time.
+    specs.append(NewTopic(topics.changelog("ordering"), settings.partitions, rf, config=compact))
     specs += [
         NewTopic(topics.deletion_requests, settings.partitions, rf, config=compact),
         NewTopic(topics.audience_state, settings.partitions, rf, config=compact),

@@ -160,6 +160,28 @@ class PartitionStore:
             out.append((at, payload) if at >= oldest else None)
         return out
 
+    def scan(
+        self, prefix: bytes, *, now_ms: int, limit: int | None = None
+    ) -> list[tuple[bytes, tuple[int, bytes]]]:
+        """The keys starting with ``prefix`` (in key order; the first ``limit``) with their
+        (time, payload), those older than the retention left out."""
+        oldest = now_ms - self._retention_ms
+        found: list[tuple[bytes, tuple[int, bytes]]] = []
+        cursor = self._db.iter()
+        try:
+            cursor.seek(prefix)
+            while cursor.valid() and (limit is None or len(found) < limit):
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                at, payload = decode_value(cursor.value())
+                if at >= oldest:
+                    found.append((key, (at, payload)))
+                cursor.next()
+        finally:
+            del cursor
+        return found
+
     def write(
         self, changes: Iterable[tuple[bytes, bytes | None]], checkpoint: int | None = None
     ) -> None:
@@ -386,6 +408,37 @@ class PartitionState:
                     value = entries_[key]
                     found[index] = None if value is None else decode_value(value)
         return found
+
+    def scan(
+        self, partition: int, prefix: bytes, now_ms: int, limit: int | None = None
+    ) -> list[tuple[bytes, tuple[int, bytes]]]:
+        """The keys of the partition's state starting with ``prefix``, in key order, with their
+        (time, payload), the changes of hand-offs in progress included (as ``get_many``).
+        ``limit``: at most that many, the first ones (fewer when changes in progress deleted
+        some of them)."""
+        with self._lock:
+            store = self._stores.get(partition)
+            read = [] if store is None else store.scan(prefix, now_ms=now_ms, limit=limit)
+        found = dict(read)
+        # Cut short: a change past the last key read may sort after keys that were not read.
+        last = read[-1][0] if limit is not None and len(read) >= limit else None
+        newer = [changes.entries for changes in self._taken.get(partition, ())]
+        staged = self._staged.get(partition)
+        if staged is not None:
+            newer.append(staged)
+        for entries_ in newer:  # oldest first: the latest change of a key wins
+            for key, value in entries_.items():
+                if key.startswith(prefix) and (last is None or key <= last):
+                    if value is None:
+                        found.pop(key, None)
+                    else:
+                        found[key] = decode_value(value)
+        return sorted(found.items())[:limit]
+
+    def partitions(self) -> list[int]:
+        """The partitions whose state is here."""
+        with self._lock:
+            return list(self._stores)
 
     def stage(self, partition: int, key: bytes, value: bytes | None) -> None:
         """Change ``key`` (``None``: delete it) with the hand-off in progress."""

@@ -31,39 +31,53 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from pipeline.core.admission import FRESH, Attempt, Limits, Park, Refused, Reject, Window
-from pipeline.core.config import ConfigTable, Destination
+from pipeline.core.config import Destination
 from pipeline.core.delivery_policy import Conclusion, Schedules, conclude
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.exceptions import UndecodableRecord
-from pipeline.core.log_entries import conclusion_log_record, suppressed_log_record
-from pipeline.core.outcomes import DeadLetterReason, Failure, Outcome, UrlResult
-from pipeline.core.records import Delivery, delivery_from_record, delivery_to_record
+from pipeline.core.outcomes import Failure, Outcome, UrlResult
+from pipeline.core.records import Delivery, delivery_from_record
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.routing import key_destination
 from pipeline.core.settings import Settings
-from pipeline.core.suppression import SUPPRESSED_REASON, suppressed_by
+from pipeline.core.suppression import suppressed_by
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.consumer_loop import ConsumedRecord, Progress
 from pipeline.kafka.errors import Headed
 from pipeline.kafka.events import EventEmitter
-from pipeline.kafka.log_batches import Delivered, LogBatcher, LogRecordValue, log_batch_records
+from pipeline.kafka.log_batches import LogBatcher, log_batch_records
 from pipeline.kafka.producer import Outgoing, Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles.delivery_decisions import (
+    Concluded,
+    Decision,
+    Defer,
+    HandOff,
+    Hold,
+    InLane,
+    LiveConfig,
+    Logged,
+    Sender,
+    Skip,
+    Split,
+    Start,
+)
 from pipeline.roles.delivery_outcomes import (
     DeadLetters,
     DestinationWatch,
     MetricsByDestination,
-    dead_letter_of,
 )
+from pipeline.roles.hand_offs import HandOffs
+from pipeline.roles.holds import Holds
+from pipeline.roles.ordering import Lanes
 from pipeline.roles.parking import (
     Parking,
     ParkingBatch,
     Schedule,
-    schedule_header,
     schedule_of,
     unpacked,
 )
@@ -77,69 +91,6 @@ log = logging.getLogger("pipeline.deliver")
 #: before it is due. Pausing and resuming a partition costs a fetch round trip (50-500 ms), so
 #: pausing alone made every retry that late.
 HOLD_SECONDS = 1.0
-
-#: What a record's hand-off logs (``None``: nothing, the log is off).
-Logged = LogRecordValue | None
-
-
-class LiveConfig(Protocol):
-    """The live config (``ConfigFollower``): its table as it is now."""
-
-    @property
-    def table(self) -> ConfigTable: ...
-
-
-class Sender(Protocol):
-    """What the handler asks of the webhook sender: one attempt."""
-
-    async def attempt(
-        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
-    ) -> list[UrlResult]: ...
-
-
-# ---- the decisions -------------------------------------------------------------------------------
-
-
-class Skip(NamedTuple):
-    """Behind a record of its partition that was deferred: it comes again after the pause."""
-
-
-class Defer(NamedTuple):
-    """Pause its partition until ``until`` (epoch seconds), from this record on."""
-
-    until: float
-
-
-class Hold(NamedTuple):
-    """Due at ``at`` (within ``HOLD_SECONDS``): held here, decoded, until then."""
-
-    at: float
-    record: Delivery
-
-
-class Split(NamedTuple):
-    """A parked batch come due: the records it carries, each to be decided in turn."""
-
-    parts: list[ConsumedRecord]
-
-
-class HandOff(NamedTuple):
-    """Decided without a request: produce ``out`` (nothing for a suppressed record), log
-    ``logged``, then finish it."""
-
-    out: list[Outgoing | Headed]
-    logged: Logged = None
-
-
-class Start(NamedTuple):
-    """Attempt ``record`` (stamped) at ``destination`` now."""
-
-    record: Delivery
-    destination: Destination
-    final: bool
-
-
-Decision = Skip | Defer | Hold | Split | HandOff | Start
 
 
 class DeliveryHandler:
@@ -158,10 +109,12 @@ class DeliveryHandler:
         codec: RecordCodec | None = None,
         schedule: RetrySchedule | None = None,
         deleted: Mapping[str, int] | None = None,
+        holds: Holds | None = None,
     ) -> None:
         """``health``: the endpoints' health the sender keeps; ``deleted``: user id → time of the
         user's latest deletion request (epoch ms), kept up to date by a ``DeletionFollower``;
-        the user's calls received before it are suppressed."""
+        the user's calls received before it are suppressed. ``holds`` (the deliver role): the
+        held users of ordered destinations, whose calls go through lanes (``Lanes``)."""
         self.role = role
         self._topics_in = list(topics_in)
         self._topics = topics
@@ -211,7 +164,29 @@ class DeliveryHandler:
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
+        self._hand_offs = HandOffs(
+            role,
+            topics=topics,
+            codec=self._codec,
+            follower=follower,
+            counted=self._metrics,
+            dead_letters=self._dead_letters,
+            log_on=settings.log,
+        )
         self._deleted: Mapping[str, int] = {} if deleted is None else deleted
+        self._lanes = (
+            None
+            if holds is None
+            else Lanes(
+                holds,
+                self,
+                topics=topics,
+                codec=self._codec,
+                producer=producer,
+                stop=stop,
+                log_on=settings.log,
+            )
+        )
 
     def topics(self) -> Sequence[str]:
         return self._topics_in
@@ -241,6 +216,9 @@ class DeliveryHandler:
                     held.append((decision.at, consumed, decision.record))
                 elif isinstance(decision, Split):
                     records += decision.parts
+                elif isinstance(decision, InLane):
+                    assert self._lanes is not None
+                    self._lanes.add(consumed, loop)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # nothing of this batch is finished: a restart delivers it
             return
@@ -282,18 +260,23 @@ class DeliveryHandler:
                 try:
                     return Split(consumed.split(unpacked(message.value(), headers)))
                 except ValueError as exc:
-                    return self._undecodable(consumed, str(exc))
+                    return self._hand_offs.undecodable(consumed, str(exc))
         elif key[0] == self._topics.deliveries:  # a fresh record: parked undecoded, if it must
-            destination = self._follower.table.destinations.get(key_destination(message.key()))
+            destination_id = key_destination(message.key())
+            destination = self._follower.table.destinations.get(destination_id)
+            lanes = self._lanes
+            if lanes is not None and lanes.takes(message, destination, destination_id):
+                return InLane()
             admission = parking.admit(destination, FRESH, undecoded=True)
             if isinstance(admission, Park):
                 assert destination is not None
                 value = message.value()
-                return HandOff(parking.park(destination, admission, key, message.key(), value))
+                out = parking.park(destination, admission, key, message.key(), value)
+                return HandOff(out, waits=True)
         try:
             record = delivery_from_record(self._codec.decode("Delivery", message.value()))
         except UndecodableRecord as exc:
-            return self._undecodable(consumed, str(exc))
+            return self._hand_offs.undecodable(consumed, str(exc))
         if schedule is not None:
             record = schedule.applied_to(record)
         due = record.not_before / 1000
@@ -321,7 +304,7 @@ class DeliveryHandler:
         out = parking.park(
             destination, admission, consumed.key, message.key(), message.value(), schedule.parts
         )
-        return HandOff(out)
+        return HandOff(out, waits=True)
 
     def _admitted(
         self, consumed: ConsumedRecord, record: Delivery, now: float, parking: ParkingBatch
@@ -330,7 +313,7 @@ class DeliveryHandler:
         Raises ``SchemaRegistryUnavailable`` (the caller stops the worker)."""
         try:
             if self._deleted and suppressed_by(record, self._deleted) is not None:
-                return self._suppressed(record, now)
+                return self._hand_offs.suppressed(consumed, record, now)
             destination = self._follower.table.destinations.get(record.destination_id)
             admission = parking.admit(destination, _window(record), undecoded=False)
             if isinstance(admission, Attempt):
@@ -343,9 +326,8 @@ class DeliveryHandler:
                 assert destination is not None
                 message = consumed.message
                 value = message.value()
-                return HandOff(
-                    parking.park(destination, admission, consumed.key, message.key(), value)
-                )
+                out = parking.park(destination, admission, consumed.key, message.key(), value)
+                return HandOff(out, waits=True)
             if isinstance(admission, Reject):
                 conclusion = Conclusion(
                     Outcome.DEAD_LETTER, record, admission.reason, admission.detail
@@ -357,23 +339,11 @@ class DeliveryHandler:
                 if record.first_attempt_at is None:
                     stamped = record.stamped(admission.first_attempt_at, admission.deadline)
                 conclusion = conclude(stamped, refusals, self._schedules(destination), now, now)
-            return HandOff(*self._handed_off(consumed, record, conclusion, now))
+            return HandOff(*self._hand_offs.concluded(consumed, record, conclusion, now))
         except SchemaRegistryUnavailable:
             raise
         except Exception as exc:  # a bug must neither lose the record nor stall it
-            return HandOff(self._internal_error(consumed, record, exc))
-
-    def _undecodable(self, consumed: ConsumedRecord, detail: str) -> HandOff:
-        letter = dead_letter_of(DeadLetterReason.UNDECODABLE, consumed, detail=detail)
-        return HandOff([self._dead_letters.record(letter)])
-
-    def _suppressed(self, record: Delivery, now: float) -> HandOff:
-        """A record a deletion request suppresses: nothing to produce but its log record."""
-        self._metrics(record.destination_id).suppressed.inc()
-        logged = None
-        if self._log is not None:
-            logged = suppressed_log_record(record, int(now * 1000), SUPPRESSED_REASON)
-        return HandOff([], logged)
+            return HandOff(self._hand_offs.internal_error(consumed, record, exc))
 
     async def _start_when_due(
         self, held: list[tuple[float, ConsumedRecord, Delivery]], loop: Progress
@@ -438,9 +408,15 @@ class DeliveryHandler:
         self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float
     ) -> None:
         """Make the request, conclude from its results, and hand the record off."""
+        concluded = await self._concluded(consumed, start, now)
+        if concluded is not None:
+            await self.finish(consumed, concluded.out, concluded.logged, loop)
+
+    async def _concluded(
+        self, consumed: ConsumedRecord, start: Start, now: float
+    ) -> Concluded | None:
+        """Make the request and conclude from its results (``None``: the worker stops)."""
         record, destination = start.record, start.destination
-        out: list[Outgoing | Headed]
-        logged: Logged = None
         try:
             results = await self._sender.attempt(
                 destination, record.body, record.message_id, final=start.final
@@ -449,10 +425,7 @@ class DeliveryHandler:
                 # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
                 out = self._parked_alone(consumed, record, destination)
                 if out:
-                    if loop.owns(consumed):
-                        await self._producer.send_all_until_acked(out, self._stop)
-                        loop.finish(consumed)
-                    return
+                    return Concluded(out, None, True)
             finished = time.time()
             schedule = self._schedules(destination)
             conclusion = conclude(record, results, schedule, now, finished)
@@ -461,20 +434,60 @@ class DeliveryHandler:
                 counted.attempt_seconds.observe(finished - now)
                 self._watch.outcome(destination, conclusion.outcome, finished)
             self._watch.circuits(destination, self._health.open_circuits(destination), counted)
-            out, logged = self._handed_off(consumed, record, conclusion, finished, results, now)
+            out, logged = self._hand_offs.concluded(
+                consumed, record, conclusion, finished, results, now
+            )
+            return Concluded(out, logged, conclusion.outcome is Outcome.RETRY)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
-            return
+            return None
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
-            out = self._internal_error(consumed, record, exc)
+            return Concluded(self._hand_offs.internal_error(consumed, record, exc), None, False)
+
+    async def finish(
+        self, consumed: ConsumedRecord, out: list[Outgoing | Headed], logged: Logged, loop: Progress
+    ) -> None:
+        """Produce ``out``, then finish ``consumed`` once the log has ``logged``; nothing if its
+        partition was lost meanwhile (its new owner hands the record off)."""
         if not loop.owns(consumed):
-            return  # the partition was lost meanwhile: its new owner hands the record off
+            return
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
         if logged is not None and self._log is not None:
             self._log.add(logged, loop.finish, consumed)  # finished once the log has it
         else:
             loop.finish(consumed)
+
+    # ---- what a user's lane asks (ordered destinations) -----------------------------------------
+
+    def decode(self, consumed: ConsumedRecord) -> Delivery | Concluded:
+        """The delivery ``consumed`` carries, or its dead letter."""
+        try:
+            return delivery_from_record(self._codec.decode("Delivery", consumed.message.value()))
+        except UndecodableRecord as exc:
+            return Concluded(self._hand_offs.undecodable(consumed, str(exc)).out, None, False)
+
+    async def decided(self, consumed: ConsumedRecord, record: Delivery) -> Concluded | None:
+        """``record`` (due) admitted, and attempted if it may be (``None``: the worker stops)."""
+        now = time.time()
+        parking = self.parking.batch(now)
+        try:
+            decision = self._admitted(consumed, record, now, parking)
+        except SchemaRegistryUnavailable as exc:
+            self._give_up(exc)
+            return None
+        parking.close()
+        if isinstance(decision, HandOff):
+            return Concluded(decision.out, decision.logged, decision.waits)
+        destination = decision.record.destination_id
+        self._in_flight[destination] = self._in_flight.get(destination, 0) + 1
+        try:
+            return await self._concluded(consumed, decision, now)
+        finally:
+            self._in_flight[destination] -= 1
+
+    def give_up(self, exc: BaseException) -> None:
+        self._give_up(exc)
 
     def _parked_alone(
         self, consumed: ConsumedRecord, record: Delivery, destination: Destination
@@ -488,70 +501,6 @@ class DeliveryHandler:
         message = consumed.message
         return [plan.parked_record(message.key(), message.value())]
 
-    def _handed_off(
-        self,
-        consumed: ConsumedRecord,
-        before: Delivery,
-        conclusion: Conclusion,
-        finished: float,
-        results: Sequence[UrlResult] = (),
-        started: float = 0.0,
-    ) -> tuple[list[Outgoing | Headed], Logged]:
-        """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
-        request begun at ``started``, if one was made) and its log record; counted."""
-        outcome, record = conclusion.outcome, conclusion.delivery
-        counted = self._metrics(before.destination_id)
-        counted.outcomes[outcome].inc()
-        logged: Logged = None
-        if self._log is not None:
-            if outcome is Outcome.DELIVERED:
-                logged = Delivered(before, list(results), started, finished)
-            else:
-                reason = conclusion.reason or ("" if conclusion.requested else "circuit_open")
-                logged = conclusion_log_record(
-                    before,
-                    outcome,
-                    record,
-                    finished,
-                    results=results,
-                    started=started,
-                    reason=str(reason),
-                )
-        if outcome is Outcome.DELIVERED:
-            if not record.replays:  # a replay's call arrived long ago: not the pipeline's latency
-                metrics.END_TO_END_SECONDS.observe(max(0.0, finished - record.received_at / 1000))
-            return [], logged  # a delivered record is not kept, so neither is its attempt history
-        if outcome is Outcome.RETRY:
-            counted.retries[record.tier].inc()
-            value = self._codec.encode("Delivery", delivery_to_record(record))
-            header = schedule_header(
-                record.tier,
-                record.not_before,
-                record.first_attempt_at or 0,
-                record.deadline or 0,
-                record.destination_id,
-            )
-            topic = self._topics.retry[record.tier]
-            return [(topic, consumed.message.key(), value, [header])], logged
-        assert conclusion.reason is not None
-        letter = dead_letter_of(
-            conclusion.reason, consumed, delivery=record, detail=conclusion.detail
-        )
-        return [self._dead_letters.record(letter)], logged
-
-    def _internal_error(
-        self, consumed: ConsumedRecord, record: Delivery, exc: Exception
-    ) -> list[Outgoing | Headed]:
-        """The dead letter of a record a bug stopped (called in the ``except`` block)."""
-        log.exception("%s: unexpected error on %s", self.role, record.message_id)
-        letter = dead_letter_of(
-            DeadLetterReason.INTERNAL_ERROR,
-            consumed,
-            delivery=record,
-            detail=f"{type(exc).__name__}: {exc}",
-        )
-        return [self._dead_letters.record(letter)]
-
     # ---- the process around it ------------------------------------------------------------------
 
     def _give_up(self, exc: BaseException) -> None:
@@ -562,6 +511,10 @@ class DeliveryHandler:
         self._stop.set()
 
     def assigned(self, keys: Sequence[tuple[str, int]]) -> None:
+        """On the consumer's thread, before the partitions' records are read: their holds are
+        restored (ordered destinations)."""
+        if self._lanes is not None:
+            self._lanes.holds.assigned([partition for _, partition in keys])
         self._owned.update(keys)
         self._share_changed()
 
@@ -569,6 +522,13 @@ class DeliveryHandler:
         # What is in flight finishes; the loop ignores records of released partitions.
         self._owned.difference_update(keys)
         self._share_changed()
+        if self._lanes is not None:
+            self._lanes.holds.released([partition for _, partition in keys])
+
+    def start(self) -> None:
+        """Start what runs beside the records (on the event loop): the sweep of holds."""
+        if self._lanes is not None:
+            self._lanes.start_sweep(lambda: self._follower.table)
 
     def _share_changed(self) -> None:
         """Rate limits are the group's: this process sends its partitions' share of them."""
@@ -580,6 +540,8 @@ class DeliveryHandler:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        if self._lanes is not None:
+            await self._lanes.aclose()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
         if self._log is not None:

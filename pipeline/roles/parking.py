@@ -489,7 +489,9 @@ class RoutingParker:
     destination's endpoints are down or hang (``AT_ROUTING``): one produce instead of a produce,
     a consume, a decode and a produce again. The router routes a batch without yielding, so
     nothing the answer depends on changes meanwhile (bar the clock, by milliseconds): it is
-    asked once per destination and batch, and kept where it holds."""
+    asked once per destination and batch, and kept where it holds. An ordered destination's
+    records are never parked here: the first of a user's to wait holds the user's later ones back,
+    which only the user's lane knows."""
 
     __slots__ = ("_batch", "_destinations", "_answers", "_alone", "parked")
 
@@ -503,6 +505,8 @@ class RoutingParker:
     def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
         park = self._answers.get(destination, _UNASKED)
         found = self._destinations.get(destination)
+        if found is not None and found.ordered:
+            return False  # its user's lane decides (``pipeline.roles.ordering``)
         if park is _UNASKED:
             parking = self._batch._parking
             admission = parking.admit(found, FRESH, self._batch._now, AT_ROUTING)

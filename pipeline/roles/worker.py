@@ -25,6 +25,8 @@ from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
 from pipeline.roles.dedupe import MARGIN, Dedupe
 from pipeline.roles.deliver import DeliveryHandler
+from pipeline.roles.holds import RETENTION as ORDERING_RETENTION
+from pipeline.roles.holds import Holds
 from pipeline.roles.log_store import run_log_store
 from pipeline.roles.parking import Parking, RoutingParker
 from pipeline.roles.router import RouterHandler
@@ -57,6 +59,20 @@ def _dedupe(settings: Settings, topics: Topics) -> Dedupe | None:
         retention=settings.dedupe_window + MARGIN,
     )
     return Dedupe(state, settings.dedupe_window)
+
+
+def _holds(settings: Settings, topics: Topics) -> Holds:
+    """The deliver role's held users of ordered destinations; its changelog topic is checked
+    first (``StateUnavailable``)."""
+    changelog = topics.changelog("ordering")
+    check_changelog(settings, changelog)
+    state = PartitionState(
+        settings,
+        changelog=changelog,
+        directory=os.path.join(default_state_dir(settings), "ordering"),
+        retention=ORDERING_RETENTION,
+    )
+    return Holds(state)
 
 
 def _routing_parker(parking: Parking, follower: ConfigFollower) -> RoutingParker:
@@ -103,6 +119,9 @@ async def run_roles(
         for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
             if role in roles:
                 assert sender is not None
+                holds = None
+                if role == "deliver":
+                    holds = await asyncio.to_thread(_holds, settings, topics)
                 deliverers[role] = DeliveryHandler(
                     role,
                     topics_in,
@@ -115,7 +134,9 @@ async def run_roles(
                     stop=stop,
                     codec=codec,
                     deleted=None if deletions is None else deletions.deleted,
+                    holds=holds,
                 )
+                deliverers[role].start()
         if "router" in roles:
             dedupe = await asyncio.to_thread(_dedupe, settings, topics)
             # Delivering here too: records for a destination whose every circuit is open go

@@ -104,6 +104,12 @@ SUPPRESSED = Counter(
     "destination (each is a `suppressed` entry in the delivery log).",
     ["destination"],
 )
+ORDERING_HELD_USERS = Gauge(
+    "pipeline_ordering_held_users",
+    "Users of an ordered destination whose calls wait behind one of theirs in a retry tier, in "
+    "the partitions this worker owns (sum over workers: the destination's held users).",
+    ["destination"],
+)
 CIRCUITS_OPEN = Gauge(
     "pipeline_circuits_open",
     "Webhooks of a destination whose circuit (or whose host's) is open or half open, as this "

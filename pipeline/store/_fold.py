@@ -49,7 +49,7 @@ _DROPPED = JourneyState.DROPPED
 #: The reason of a resend dropped by the router (``DropReason.DUPLICATE``).
 _DUPLICATE = "duplicate"
 #: Kinds whose state keeps the entry's reason.
-_WITH_REASON = frozenset({JourneyState.DROPPED, JourneyState.DEAD_LETTERED})
+_WITH_REASON = frozenset({JourneyState.DROPPED, JourneyState.DEAD_LETTERED, JourneyState.HELD})
 _STATES = {kind: state_after(kind) for kind in LogKind}
 _KIND_TEXT = {kind: kind.value for kind in LogKind}  # an enum's .value is a slow descriptor
 _STATE_TEXT = {state: state.value for state in JourneyState}

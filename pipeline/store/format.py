@@ -45,6 +45,8 @@ def describe_state(journey: Journey) -> str:
     if state is JourneyState.WAITING:
         tier = "" if journey.tier is None else f"tier {journey.tier} "
         return f"waiting ({tier}until {_time(journey.not_before)})"
+    if state is JourneyState.HELD:
+        return f"held behind {safe(journey.reason)}"
     if state in (JourneyState.DEAD_LETTERED, JourneyState.DROPPED) and journey.reason:
         return f"{state.value} ({safe(journey.reason)})"
     return state.value
@@ -79,7 +81,11 @@ def _entry_line(entry: LogEntry) -> str:
         parts.append(safe(entry.error))
     if kind is LogKind.RETRY_SCHEDULED:
         parts.append(f"tier {entry.tier} until {_time(entry.not_before or None)}")
-    if entry.reason:
+    if kind is LogKind.HELD:
+        parts.append(f"held behind {safe(entry.reason)}")
+    elif kind is LogKind.RELEASED:
+        parts.append(safe(entry.reason, 400))
+    elif entry.reason:
         parts.append(f"reason {safe(entry.reason)}")
     if entry.replay_id:
         parts.append(f"replay {safe(entry.replay_id)}")

@@ -119,9 +119,13 @@ def test_every_kind_has_a_state_after_it() -> None:
     assert state_after(LogKind.DELIVERED) is JourneyState.DELIVERED
     assert state_after(LogKind.RETRY_SCHEDULED) is JourneyState.WAITING
     assert state_after(LogKind.ATTEMPT) is None and state_after(LogKind.RECEIVED) is None
+    assert state_after(LogKind.HELD) is JourneyState.HELD
+    # A released call stands where its outcome left it.
+    assert state_after(LogKind.RELEASED) is None
     assert {k for k in LogKind if state_after(k) is not None} == set(LogKind) - {
         LogKind.ATTEMPT,
         LogKind.RECEIVED,
+        LogKind.RELEASED,
     }
 
 

@@ -1,0 +1,107 @@
+"""The delivery handler's decisions: what it makes of a consumed record (``Decision``, one per
+record), what an attempt concludes (``Concluded``), and what it asks of the live config and the
+webhook sender."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from pipeline.core.config import ConfigTable, Destination
+from pipeline.core.outcomes import UrlResult
+from pipeline.core.records import Delivery
+from pipeline.kafka.consumer_loop import ConsumedRecord
+from pipeline.kafka.errors import Headed
+from pipeline.kafka.log_batches import LogRecordValue
+from pipeline.kafka.producer import Outgoing
+
+__all__ = [
+    "Logged",
+    "LiveConfig",
+    "Sender",
+    "Skip",
+    "Defer",
+    "Hold",
+    "Split",
+    "HandOff",
+    "InLane",
+    "Start",
+    "Decision",
+    "Concluded",
+]
+
+#: What a record's hand-off logs (``None``: nothing, the log is off).
+Logged = LogRecordValue | None
+
+
+class LiveConfig(Protocol):
+    """The live config (``ConfigFollower``): its table as it is now."""
+
+    @property
+    def table(self) -> ConfigTable: ...
+
+
+class Sender(Protocol):
+    """What the handler asks of the webhook sender: one attempt."""
+
+    async def attempt(
+        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+    ) -> list[UrlResult]: ...
+
+
+# ---- the decisions -------------------------------------------------------------------------------
+
+
+class Skip(NamedTuple):
+    """Behind a record of its partition that was deferred: it comes again after the pause."""
+
+
+class Defer(NamedTuple):
+    """Pause its partition until ``until`` (epoch seconds), from this record on."""
+
+    until: float
+
+
+class Hold(NamedTuple):
+    """Due at ``at`` (within ``HOLD_SECONDS``): held here, decoded, until then."""
+
+    at: float
+    record: Delivery
+
+
+class Split(NamedTuple):
+    """A parked batch come due: the records it carries, each to be decided in turn."""
+
+    parts: list[ConsumedRecord]
+
+
+class HandOff(NamedTuple):
+    """Decided without a request: produce ``out`` (nothing for a suppressed record), log
+    ``logged``, then finish it; ``waits``: it is parked (in a retry tier)."""
+
+    out: list[Outgoing | Headed]
+    logged: Logged = None
+    waits: bool = False
+
+
+class InLane(NamedTuple):
+    """An ordered destination's call, or a release: it goes through its user's lane."""
+
+
+class Start(NamedTuple):
+    """Attempt ``record`` (stamped) at ``destination`` now."""
+
+    record: Delivery
+    destination: Destination
+    final: bool
+
+
+Decision = Skip | Defer | Hold | Split | HandOff | Start | InLane
+
+
+class Concluded(NamedTuple):
+    """A decided call: what to produce, what to log, and whether it waits in a retry tier (for
+    an ordered destination, it then holds its user's later calls back)."""
+
+    out: list[Outgoing | Headed]
+    logged: Logged
+    waits: bool

@@ -1,0 +1,233 @@
+"""The held users of ordered destinations and their queued calls, in the deliver role's partition
+state (``pipeline.kafka.partition_state``, changelog ``state.ordering.changelog``), and the
+release records that end a hold. The lanes that use them: ``pipeline.roles.ordering``.
+
+Keys, per partition of ``deliveries`` (``key``: a delivery's Kafka key, ``<destination>/<user>``):
+
+- ``h\\x00<key>`` → the messageId of the call the user is held behind (the value's time: since
+  when the user is held);
+- ``q\\x00<key>\\x00<offset>`` (8 bytes, big-endian) → a call queued behind it, its record's
+  value as it was consumed at ``offset``: the queue reads back in the order the calls came.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from pipeline.core.records import Delivery
+from pipeline.core.topics import Topics
+from pipeline.kafka.errors import Headed, Outgoing
+from pipeline.kafka.partition_state import Changes, PartitionState, encode_value
+from pipeline.runtime import metrics
+
+__all__ = [
+    "RELEASE_HEADER",
+    "SWEEP",
+    "MORE",
+    "RETENTION",
+    "Change",
+    "Hold",
+    "Holds",
+    "Release",
+    "destination_of",
+    "hold_change",
+    "unhold_change",
+    "queue_change",
+    "unqueue_change",
+    "release_record",
+    "release_of",
+]
+
+#: The header of a release record: ``<outcome> <source> <call type> <messageId>`` of the call
+#: that held its user (outcome ``sweep``: the destination's holds are released whatever holds
+#: them; ``more``: the lane goes on with the queue).
+RELEASE_HEADER = "pipeline-release"
+SWEEP = "sweep"
+MORE = "more"
+#: Held calls are kept at most this long (a hold lasts at most its blocker's retry deadline,
+#: 7 days at most; this is a safety net, not a schedule).
+RETENTION = 30 * 86400.0
+
+_HELD = b"h\x00"
+_QUEUED = b"q\x00"
+_OFFSET_BYTES = 8
+
+
+def _held_key(key: bytes) -> bytes:
+    return _HELD + key
+
+
+def _queue_prefix(key: bytes) -> bytes:
+    return _QUEUED + key + b"\x00"
+
+
+def _queued_key(key: bytes, offset: int) -> bytes:
+    return _queue_prefix(key) + offset.to_bytes(_OFFSET_BYTES, "big")
+
+
+def destination_of(key: bytes) -> str:
+    """The destination of a delivery key ``<destination>/<user>``."""
+    return key.split(b"/", 1)[0].decode(errors="replace")
+
+
+class Hold(NamedTuple):
+    """A held user: since when (epoch ms), behind which call."""
+
+    since: int
+    blocker: str
+
+
+class Release(NamedTuple):
+    """A release record's header: the outcome of the call that held the user, and the call."""
+
+    outcome: str
+    source: str
+    call_type: str
+    message_id: str
+
+
+def release_record(
+    topics: Topics, key: bytes | None, outcome: str, record: Delivery | None = None
+) -> Outgoing | Headed:
+    """The release record of ``record``'s user (``key``) once ``record`` has ``outcome``."""
+    if record is None:
+        text = f"{outcome} - - -"
+    else:
+        text = f"{outcome} {record.source_id} {record.call_type} {record.message_id}"
+    return (topics.deliveries, key, b"", [(RELEASE_HEADER, text.encode())])
+
+
+def release_of(message: Any) -> Release | None:
+    """The release header of a consumed record (``None``: it is not a release)."""
+    headers = message.headers()
+    if not headers:
+        return None
+    for name, value in headers:
+        if name == RELEASE_HEADER and isinstance(value, bytes):
+            parts = value.decode(errors="replace").split(" ", 3)
+            if len(parts) == 4:
+                return Release(*parts)
+    return None
+
+
+#: A change to the holds: (state key, value or ``None`` to delete it, change to the held count).
+Change = tuple[bytes, bytes | None, int]
+
+
+def hold_change(key: bytes, blocker: str, since: int, *, new: bool) -> Change:
+    """``key``'s user held behind ``blocker`` since ``since`` (``new``: it was not held)."""
+    return (_held_key(key), encode_value(since, blocker.encode()), 1 if new else 0)
+
+
+def unhold_change(key: bytes) -> Change:
+    return (_held_key(key), None, -1)
+
+
+def queue_change(key: bytes, offset: int, value: bytes) -> Change:
+    """The call at ``offset`` of ``deliveries`` (its value as consumed) queued behind the hold."""
+    return (_queued_key(key, offset), encode_value(_now_ms(), value), 0)
+
+
+def unqueue_change(state_key: bytes) -> Change:
+    return (state_key, None, 0)
+
+
+class Holds:
+    """The held users and queued calls of the ``deliveries`` partitions this process owns, on a
+    ``PartitionState``; and how many users each destination has held (the gauge
+    ``pipeline_ordering_held_users``)."""
+
+    def __init__(self, state: PartitionState) -> None:
+        self.state = state
+        #: partition → destination → users held there.
+        self._counts: dict[int, dict[str, int]] = {}
+        self._labels: set[str] = set()
+
+    # ---- partitions ----------------------------------------------------------------------------
+
+    def assigned(self, partitions: Sequence[int]) -> None:
+        """Restore the partitions' state (blocking) and count their holds."""
+        self.state.assigned(partitions)
+        now = _now_ms()
+        for partition in partitions:
+            counts: dict[str, int] = {}
+            for key, _ in self.state.scan(partition, _HELD, now):
+                destination = destination_of(key[len(_HELD) :])
+                counts[destination] = counts.get(destination, 0) + 1
+            self._counts[partition] = counts
+        self._gauge()
+
+    def released(self, partitions: Sequence[int]) -> None:
+        for partition in partitions:
+            self._counts.pop(partition, None)
+        self.state.released(partitions)
+        self._gauge()
+
+    def close(self) -> None:
+        self.state.close()
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    def held(self, partition: int, key: bytes) -> Hold | None:
+        found = self.state.get_many(partition, [_held_key(key)], _now_ms())[0]
+        if found is None:
+            return None
+        return Hold(found[0], found[1].decode(errors="replace"))
+
+    def queued(
+        self, partition: int, key: bytes, limit: int | None = None
+    ) -> list[tuple[bytes, int, bytes]]:
+        """The user's queued calls, oldest first (the first ``limit``): (state key, offset on
+        ``deliveries``, value)."""
+        prefix = _queue_prefix(key)
+        found = []
+        for state_key, (_, value) in self.state.scan(partition, prefix, _now_ms(), limit):
+            suffix = state_key[len(prefix) :]
+            if len(suffix) == _OFFSET_BYTES:  # not another user's whose id goes on past a NUL
+                found.append((state_key, int.from_bytes(suffix, "big"), value))
+        return found
+
+    def held_keys(self, partition: int, destination: str) -> list[bytes]:
+        """The delivery keys of ``destination``'s users held in ``partition``."""
+        prefix = _HELD + destination.encode() + b"/"
+        return [key[len(_HELD) :] for key, _ in self.state.scan(partition, prefix, _now_ms())]
+
+    def holding(self, destination: str) -> bool:
+        """Whether a user of ``destination`` is held here."""
+        return any(counts.get(destination) for counts in self._counts.values())
+
+    def counts(self) -> dict[int, dict[str, int]]:
+        """Partition → destination → users held there."""
+        return self._counts
+
+    # ---- changing --------------------------------------------------------------------------------
+
+    def commit(self, partition: int, changes: Sequence[Change]) -> Changes | None:
+        """Stage ``changes`` and take them, with whatever else is staged for the partition (the
+        caller stages and takes without yielding: nothing of another lane is staged then)."""
+        counts = self._counts.setdefault(partition, {})
+        counted = False
+        for state_key, value, by in changes:
+            self.state.stage(partition, state_key, value)
+            if by:
+                destination = destination_of(state_key[len(_HELD) :])
+                counts[destination] = max(0, counts.get(destination, 0) + by)
+                counted = True
+        if counted:
+            self._gauge()
+        return self.state.take(partition)
+
+    def _gauge(self) -> None:
+        total = dict.fromkeys(self._labels, 0)
+        for counts in list(self._counts.values()):
+            for destination, count in counts.items():
+                total[destination] = total.get(destination, 0) + count
+        self._labels = {destination for destination, count in total.items() if count}
+        for destination, count in total.items():
+            metrics.ORDERING_HELD_USERS.labels(metrics.destination_label(destination)).set(count)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

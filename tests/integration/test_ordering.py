@@ -1,0 +1,269 @@
+"""Ordered delivery per user (``ordering: per_user``): real broker, real workers, real receiver.
+
+A user's call that waits in a retry tier holds back that user's later calls to the destination,
+which wait in the partition state, and go on, in order, once it has an outcome; other users'
+calls flow on meanwhile. Each test prints its figures (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.core.settings import Settings
+from tests.support import (
+    Receiver,
+    apply,
+    dead_letters,
+    delivery_log_entries,
+    ready,
+    send_calls,
+    simple_config,
+    started,
+    wait_for,
+    wait_or_tell,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+#: How long the receiver refuses user A's third call.
+FAILING = 5.0
+
+
+def calls(user: str, count: int, event: str = "Step") -> list[dict[str, Any]]:
+    return [
+        {"type": "track", "userId": user, "event": event, "messageId": f"{user}-{i}"}
+        for i in range(count)
+    ]
+
+
+def interleaved(*users: str, count: int = 5) -> list[dict[str, Any]]:
+    """``count`` calls of each user, one user's after another's, in turn."""
+    per_user = [calls(user, count) for user in users]
+    return [call for row in zip(*per_user, strict=True) for call in row]
+
+
+class FailsFor:
+    """Answers 503 to ``message_id`` for ``seconds`` from its first request, 200 to the rest."""
+
+    def __init__(self, message_id: str, seconds: float) -> None:
+        self.message_id = message_id
+        self.seconds = seconds
+        self.first: float | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, body: bytes) -> int:
+        if orjson.loads(body)["messageId"] != self.message_id:
+            return 200
+        with self.lock:
+            now = time.monotonic()
+            if self.first is None:
+                self.first = now
+            return 503 if now - self.first < self.seconds else 200
+
+
+def delivered_in_order(receiver: Receiver, user: str) -> list[tuple[str, float]]:
+    """(messageId, when) of the user's requests answered 2xx, in the order they came."""
+    with receiver.lock:
+        return [
+            (r.json["messageId"], r.at)
+            for r in receiver.requests
+            if r.json.get("userId") == user and isinstance(r.answer, int) and r.answer < 300
+        ]
+
+
+def first_request(receiver: Receiver, message_id: str) -> float:
+    with receiver.lock:
+        return min(r.at for r in receiver.requests if r.json["messageId"] == message_id)
+
+
+def unique(delivered: list[tuple[str, float]]) -> list[str]:
+    """The messageIds in the order of their first delivery."""
+    seen: list[str] = []
+    for message_id, _ in delivered:
+        if message_id not in seen:
+            seen.append(message_id)
+    return seen
+
+
+def ordered_config(url: str, **destination: Any) -> dict[str, Any]:
+    return simple_config(url, ordering="per_user", **destination)
+
+
+def first_delivered(receiver: Receiver, user: str) -> dict[str, float]:
+    """When each of the user's calls was first delivered (a kill may deliver one again)."""
+    first: dict[str, float] = {}
+    for message_id, at in delivered_in_order(receiver, user):
+        first.setdefault(message_id, at)
+    return first
+
+
+def assert_held_then_in_order(receiver: Receiver, *, others: tuple[str, ...] = ("B",)) -> None:
+    """A's calls delivered in order, none of A's later ones asked before A-2 was delivered; the
+    other users' delivered before it, while A waited."""
+    a = delivered_in_order(receiver, "A")
+    assert unique(a) == [f"A-{i}" for i in range(5)], a
+    a2_delivered = first_delivered(receiver, "A")["A-2"]
+    a3_asked = first_request(receiver, "A-3")
+    assert a3_asked >= a2_delivered
+    done = {}
+    for user in others:
+        theirs = first_delivered(receiver, user)
+        assert list(theirs) == [f"{user}-{i}" for i in range(5)], theirs
+        done[user] = max(theirs.values())
+        assert done[user] < a2_delivered, f"{user} waited behind A"
+    waited = a2_delivered - first_request(receiver, "A-2")
+    print(
+        f"A-2 delivered {waited:.1f} s after its first attempt, A-3 asked "
+        f"{a3_asked - a2_delivered:.2f} s after that; the others done "
+        + ", ".join(f"{a2_delivered - at:.1f} s before" for at in done.values())
+    )
+
+
+def test_a_waiting_call_holds_its_user_back_and_no_one_else(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    """The receiver fails A's third call for 5 s: A's fourth and fifth arrive after it, B's calls
+    meanwhile; an unordered destination of the same source delivers A's later calls at once."""
+    ordered = receiver_factory(default=FailsFor("A-2", FAILING))
+    unordered = receiver_factory(default=FailsFor("A-2", FAILING))
+    config = ordered_config(ordered.url)
+    config["destinations"].append(
+        {"id": "plain", "name": "Plain", "sources": ["web"], "webhooks": [{"url": unordered.url}]}
+    )
+    apply(settings, config)
+    worker_factory(settings)
+    send_calls(settings, interleaved("A", "B"), "wk")
+    wait_for(lambda: len(unique(delivered_in_order(ordered, "A"))) == 5, timeout=60)
+    wait_for(lambda: len(unique(delivered_in_order(unordered, "A"))) == 5, timeout=60)
+    assert_held_then_in_order(ordered)
+    plain = delivered_in_order(unordered, "A")
+    a2_delivered = next(at for message_id, at in plain if message_id == "A-2")
+    assert unique(plain)[-1] == "A-2", plain
+    assert max(at for message_id, at in plain if message_id != "A-2") < a2_delivered
+    # The log tells why A-3 and A-4 waited, and what let them go.
+    held = wait_for(
+        lambda: {m: e["reason"] for m, e in delivery_log_entries(settings, "held")} or None
+    )
+    assert held == {"A-3": "A-2", "A-4": "A-2"}
+    released = wait_for(lambda: delivery_log_entries(settings, "released") or None)
+    assert [(m, e["destination"], e["reason"]) for m, e in released] == [
+        ("A-2", "hooks", "delivered; 2 held calls went on: A-3, A-4")
+    ]
+
+
+def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    # A-2 fails past its retry deadline (8 s in tests): it is dead-lettered.
+    receiver = receiver_factory(default=FailsFor("A-2", 3600))
+    apply(settings, ordered_config(receiver.url))
+    worker_factory(settings)
+    send_calls(settings, interleaved("A", "B"), "wk")
+    wait_for(lambda: len(unique(delivered_in_order(receiver, "A"))) == 4, timeout=60)
+    a = delivered_in_order(receiver, "A")
+    assert unique(a) == ["A-0", "A-1", "A-3", "A-4"], a
+    [letter] = [d for d in dead_letters(settings, 1) if d["delivery"]["messageId"] == "A-2"]
+    assert "go on past it" in letter["detail"]
+    with receiver.lock:
+        last_a2 = max(r.at for r in receiver.requests if r.json["messageId"] == "A-2")
+    assert first_request(receiver, "A-3") > last_a2
+    # A-2's failures may have opened the endpoint's circuit: A-3 then waits its turn in a retry
+    # tier (and holds A-4) until it closes.
+    released = dict(wait_for(lambda: delivery_log_entries(settings, "released") or None))
+    assert released["A-2"]["reason"] in (
+        "dead_lettered; 2 held calls went on past it: A-3, A-4",
+        "dead_lettered; A-3 is next, and waits in a retry tier",
+    )
+
+
+class Switch:
+    """Answers 503 to ``message_id`` until ``open()``, 200 to everything else."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.failing = True
+
+    def open(self) -> None:
+        self.failing = False
+
+    def __call__(self, body: bytes) -> int:
+        failing = self.failing and orjson.loads(body)["messageId"] == self.message_id
+        return 503 if failing else 200
+
+
+#: A-2 may wait across a kill and a rebalance (a session timeout, 6 s, and a group join) without
+#: reaching its retry deadline.
+PATIENT = {"retry": {"delays": ["1s", "2s"], "deadline": "2m"}}
+
+
+def test_a_held_user_stays_held_across_a_sigkill(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    switch = Switch("A-2")
+    receiver = receiver_factory(default=switch)
+    apply(settings, ordered_config(receiver.url, **PATIENT))
+    first, first_log = started(process_factory, settings, "worker")
+    ready((first_log, "deliver"), (first_log, "retry"))
+    send_calls(settings, interleaved("A", "B"), "wk")
+    logs = {"killed worker": first_log}
+    # A-3 and A-4 wait in the state, behind A-2, when the worker is killed.
+    wait_or_tell(
+        lambda: {m for m, _ in delivery_log_entries(settings, "held")} == {"A-3", "A-4"},
+        60,
+        logs,
+        lambda: f"delivered {unique(delivered_in_order(receiver, 'A'))}",
+    )
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    killed_at = time.time()
+    _, second_log = started(process_factory, settings, "worker")
+    logs["new worker"] = second_log
+    ready((second_log, "deliver"), (second_log, "retry"))
+    switch.open()
+    wait_or_tell(
+        lambda: len(unique(delivered_in_order(receiver, "A"))) == 5,
+        90,
+        logs,
+        lambda: f"delivered {unique(delivered_in_order(receiver, 'A'))}",
+    )
+    assert_held_then_in_order(receiver)
+    after = first_request(receiver, "A-3") - killed_at
+    print(f"killed while A was held; A-3 first asked {after:.1f} s after the kill")
+    assert first_request(receiver, "A-3") > killed_at
+
+
+def test_two_workers_keep_each_users_order(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    receiver = receiver_factory(default=FailsFor("A-2", FAILING))
+    apply(settings, ordered_config(receiver.url, **PATIENT))
+    _, first_log = started(process_factory, settings, "worker")
+    _, second_log = started(process_factory, settings, "worker")
+    both = ((first_log, "deliver"), (second_log, "deliver"), (first_log, "retry"))
+    ready(*both, (second_log, "retry"))
+    users = ("A", "B", "C", "D", "E", "F")
+    send_calls(settings, interleaved(*users), "wk")
+    logs = {"first worker": first_log, "second worker": second_log}
+    wait_or_tell(
+        lambda: all(len(unique(delivered_in_order(receiver, u))) == 5 for u in users),
+        90,
+        logs,
+        lambda: f"delivered {[unique(delivered_in_order(receiver, u)) for u in users]}",
+    )
+    assert_held_then_in_order(receiver, others=users[1:])
