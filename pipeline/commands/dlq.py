@@ -57,6 +57,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f"{verb} {len(summary.replayed)}; skipped {summary.already_replayed} already replayed, "
             f"{summary.not_replayable} not replayable (undecodable)"
         )
+        if summary.ordered:
+            print(
+                f"note: {', '.join(summary.ordered)} deliver each user's calls in order; a replayed "
+                "call goes on its own, after the later calls of its user (they went on past it "
+                "when it was dead-lettered), and holds no one back"
+            )
         return 0
     entries = list_dead_letters(settings, selection)
     if args.json:

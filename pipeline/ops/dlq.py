@@ -31,6 +31,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import RecordCodec
+from pipeline.kafka.config_store import load_table
 from pipeline.kafka.log_batches import log_batch_records
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
@@ -105,6 +106,8 @@ class ReplaySummary:
     not_replayable: int = 0
     #: Names this replay in the delivery log's ``replayed`` entries.
     replay_id: str = ""
+    #: The destinations of the replayed letters that order their calls per user now.
+    ordered: list[str] = field(default_factory=list)
 
 
 def replay_dead_letters(
@@ -128,6 +131,17 @@ def replay_dead_letters(
             summary.not_replayable += 1
         else:
             summary.replayed.append(entry)
+    if summary.replayed:
+        destinations = load_table(settings, timeout).destinations
+        summary.ordered = sorted(
+            {
+                letter.destination_id
+                for entry in summary.replayed
+                if (letter := entry.dead_letter.delivery) is not None
+                and (found := destinations.get(letter.destination_id)) is not None
+                and found.ordered
+            }
+        )
     if dry_run or not summary.replayed:
         return summary
 

@@ -16,14 +16,20 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from pipeline.core.settings import Settings
+from pipeline.kafka.clients import topics_for
+from pipeline.kafka.codec import Codec
+from pipeline.kafka.topic_reader import read_topic as read_to_end
+from pipeline.ops.deletion import request_deletion
 from tests.support import (
     Receiver,
     apply,
     dead_letters,
     delivery_log_entries,
     ready,
+    run_cli,
     send_calls,
     simple_config,
     started,
@@ -60,7 +66,7 @@ class FailsFor:
         self.lock = threading.Lock()
 
     def __call__(self, body: bytes) -> int:
-        if orjson.loads(body)["messageId"] != self.message_id:
+        if orjson.loads(body).get("messageId") != self.message_id:
             return 200
         with self.lock:
             now = time.monotonic()
@@ -73,7 +79,7 @@ def delivered_in_order(receiver: Receiver, user: str) -> list[tuple[str, float]]
     """(messageId, when) of the user's requests answered 2xx, in the order they came."""
     with receiver.lock:
         return [
-            (r.json["messageId"], r.at)
+            (r.json.get("messageId"), r.at)
             for r in receiver.requests
             if r.json.get("userId") == user and isinstance(r.answer, int) and r.answer < 300
         ]
@@ -81,7 +87,7 @@ def delivered_in_order(receiver: Receiver, user: str) -> list[tuple[str, float]]
 
 def first_request(receiver: Receiver, message_id: str) -> float:
     with receiver.lock:
-        return min(r.at for r in receiver.requests if r.json["messageId"] == message_id)
+        return min(r.at for r in receiver.requests if r.json.get("messageId") == message_id)
 
 
 def unique(delivered: list[tuple[str, float]]) -> list[str]:
@@ -141,8 +147,10 @@ def test_a_waiting_call_holds_its_user_back_and_no_one_else(
         {"id": "plain", "name": "Plain", "sources": ["web"], "webhooks": [{"url": unordered.url}]}
     )
     apply(settings, config)
-    worker_factory(settings)
+    worker_factory(settings, ("router", "deliver", "retry", "log-store"))
     send_calls(settings, interleaved("A", "B"), "wk")
+    # While A-2 waits, `pipeline trace` says what A-3 waits for.
+    wait_for(lambda: "held behind A-2" in run_cli(settings, "trace", "A-3").stdout, timeout=30)
     wait_for(lambda: len(unique(delivered_in_order(ordered, "A"))) == 5, timeout=60)
     wait_for(lambda: len(unique(delivered_in_order(unordered, "A"))) == 5, timeout=60)
     assert_held_then_in_order(ordered)
@@ -177,7 +185,7 @@ def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
     [letter] = [d for d in dead_letters(settings, 1) if d["delivery"]["messageId"] == "A-2"]
     assert "go on past it" in letter["detail"]
     with receiver.lock:
-        last_a2 = max(r.at for r in receiver.requests if r.json["messageId"] == "A-2")
+        last_a2 = max(r.at for r in receiver.requests if r.json.get("messageId") == "A-2")
     assert first_request(receiver, "A-3") > last_a2
     # A-2's failures may have opened the endpoint's circuit: A-3 then waits its turn in a retry
     # tier (and holds A-4) until it closes.
@@ -199,7 +207,7 @@ class Switch:
         self.failing = False
 
     def __call__(self, body: bytes) -> int:
-        failing = self.failing and orjson.loads(body)["messageId"] == self.message_id
+        failing = self.failing and orjson.loads(body).get("messageId") == self.message_id
         return 503 if failing else 200
 
 
@@ -267,3 +275,89 @@ def test_two_workers_keep_each_users_order(
         lambda: f"delivered {[unique(delivered_in_order(receiver, u)) for u in users]}",
     )
     assert_held_then_in_order(receiver, others=users[1:])
+
+
+def held_users(destination: str = "hooks") -> float:
+    """``pipeline_ordering_held_users`` of ``destination`` (the worker runs in this process)."""
+    sample = REGISTRY.get_sample_value("pipeline_ordering_held_users", {"destination": destination})
+    return sample or 0.0
+
+
+def dead_lettered(settings: Settings, *message_ids: str) -> dict[tuple[str, str], str]:
+    """(destination, messageId) → reason of the dead letters of ``message_ids`` now."""
+    found = {}
+    for message in read_to_end(settings, topics_for(settings).dlq):
+        letter = Codec.default().decode("DeadLetter", message.value())
+        delivery = letter["delivery"]
+        if delivery is not None and delivery["messageId"] in message_ids:
+            found[(delivery["destinationId"], delivery["messageId"])] = letter["reason"]
+    return found
+
+
+def held(settings: Settings) -> set[str]:
+    return {message_id for message_id, _ in delivery_log_entries(settings, "held")}
+
+
+def test_a_deletion_request_releases_the_user(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    """The calls held behind A-2 are suppressed by a deletion request for A, and the delete call
+    itself goes at once, A-2 still failing."""
+    receiver = receiver_factory(default=Switch("A-2"))
+    apply(settings, ordered_config(receiver.url, **PATIENT))
+    worker_factory(settings)
+    send_calls(settings, interleaved("A", "B"), "wk")
+    wait_for(lambda: held(settings) == {"A-3", "A-4"}, timeout=60)
+    assert held_users() == 1
+    request_deletion(settings, "A")
+    wait_for(lambda: any(b["type"] == "delete" for b in receiver.delivered()), timeout=30)
+    suppressed = wait_for(
+        lambda: {m for m, e in delivery_log_entries(settings, "suppressed")} >= {"A-3", "A-4"}
+    )
+    assert suppressed
+    assert held_users() == 0
+    with receiver.lock:
+        asked = {r.json.get("messageId") for r in receiver.requests}
+    assert not asked & {"A-3", "A-4"}
+
+
+def test_a_destination_disabled_or_deleted_releases_its_users(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    """Held calls of a destination disabled, and of one deleted, are dead-lettered with the
+    reason, without waiting for the calls that held them."""
+    first = receiver_factory(default=Switch("A-2"))
+    second = receiver_factory(default=Switch("A-2"))
+    config = ordered_config(first.url, **PATIENT)
+    config["destinations"].append(
+        {
+            "id": "other",
+            "name": "Other",
+            "sources": ["web"],
+            "webhooks": [{"url": second.url}],
+            "ordering": "per_user",
+            **PATIENT,
+        }
+    )
+    apply(settings, config)
+    worker_factory(settings)
+    send_calls(settings, calls("A", 5), "wk")
+    wait_for(lambda: held_users("hooks") == 1 and held_users("other") == 1, timeout=60)
+    config["destinations"] = [dict(config["destinations"][0], enabled=False)]
+    apply(settings, config)
+    letters = wait_for(lambda: len(dead_lettered(settings, "A-3", "A-4")) == 4, timeout=30)
+    letters = dead_lettered(settings, "A-3", "A-4")
+    assert letters == {
+        ("hooks", "A-3"): "destination_disabled",
+        ("hooks", "A-4"): "destination_disabled",
+        ("other", "A-3"): "destination_deleted",
+        ("other", "A-4"): "destination_deleted",
+    }
+    assert held_users("hooks") == 0 and held_users("other") == 0
+    for receiver in (first, second):
+        with receiver.lock:
+            assert not {r.json.get("messageId") for r in receiver.requests} & {"A-3", "A-4"}
