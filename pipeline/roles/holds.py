@@ -147,9 +147,10 @@ class Holds:
 
     # ---- partitions ----------------------------------------------------------------------------
 
-    def assigned(self, partitions: Sequence[int]) -> None:
-        """Restore the partitions' state (blocking) and count their holds."""
-        self.state.assigned(partitions)
+    def assigned(self, partitions: Sequence[int], *, restore: bool = True) -> None:
+        """Restore the partitions' state (blocking) and count their holds (``restore=False``:
+        the local stores as they are)."""
+        self.state.assigned(partitions, restore=restore)
         now = _now_ms()
         for partition in partitions:
             counts: dict[str, int] = {}

@@ -189,6 +189,9 @@ def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
     assert first_request(receiver, "A-3") > last_a2
     # A-2's failures may have opened the endpoint's circuit: A-3 then waits its turn in a retry
     # tier (and holds A-4) until it closes.
+    # `dlq replay` says what a replay does to order.
+    replay = run_cli(settings, "dlq", "replay", "--dry-run")
+    assert "note: hooks deliver each user's calls in order" in replay.stdout, replay.stdout
     released = dict(wait_for(lambda: delivery_log_entries(settings, "released") or None))
     assert released["A-2"]["reason"] in (
         "dead_lettered; 2 held calls went on past it: A-3, A-4",
@@ -323,41 +326,95 @@ def test_a_deletion_request_releases_the_user(
     assert not asked & {"A-3", "A-4"}
 
 
-def test_a_destination_disabled_or_deleted_releases_its_users(
+def test_a_destination_disabled_deleted_or_unordered_releases_its_users(
     settings: Settings,
     receiver_factory: Callable[..., Receiver],
     worker_factory: Callable[..., Any],
 ) -> None:
     """Held calls of a destination disabled, and of one deleted, are dead-lettered with the
-    reason, without waiting for the calls that held them."""
-    first = receiver_factory(default=Switch("A-2"))
-    second = receiver_factory(default=Switch("A-2"))
-    config = ordered_config(first.url, **PATIENT)
+    reason, and those of one set back to ``ordering: none`` delivered, without waiting for the
+    call that held them (A-2, failing throughout)."""
+    receivers = {name: receiver_factory(default=Switch("A-2")) for name in ("hooks", "b", "c")}
+    config = ordered_config(receivers["hooks"].url, **PATIENT)
+    for name in ("b", "c"):
+        config["destinations"].append(
+            {
+                "id": name,
+                "name": name.upper(),
+                "sources": ["web"],
+                "webhooks": [{"url": receivers[name].url}],
+                "ordering": "per_user",
+                **PATIENT,
+            }
+        )
+    apply(settings, config)
+    worker_factory(settings)
+    send_calls(settings, calls("A", 5), "wk")
+    wait_for(lambda: all(held_users(name) == 1 for name in receivers), timeout=60)
+    hooks, _, c = config["destinations"]
+    config["destinations"] = [dict(hooks, enabled=False), dict(c, ordering="none")]
+    apply(settings, config)
+    wait_for(lambda: len(dead_lettered(settings, "A-3", "A-4")) == 4, timeout=30)
+    assert dead_lettered(settings, "A-3", "A-4") == {
+        ("hooks", "A-3"): "destination_disabled",
+        ("hooks", "A-4"): "destination_disabled",
+        ("b", "A-3"): "destination_deleted",
+        ("b", "A-4"): "destination_deleted",
+    }
+    wait_for(lambda: set(first_delivered(receivers["c"], "A")) >= {"A-3", "A-4"}, timeout=30)
+    assert all(held_users(name) == 0 for name in receivers)
+    for name in ("hooks", "b"):
+        with receivers[name].lock:
+            assert not {r.json.get("messageId") for r in receivers[name].requests} & {"A-3", "A-4"}
+
+
+class DownFor:
+    """Answers 503 to everything for ``seconds`` from the first request, then 200."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.first: float | None = None
+
+    def __call__(self, body: bytes) -> int:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        return 503 if now - self.first < self.seconds else 200
+
+
+def test_an_outage_and_a_rate_limit_keep_each_users_order(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    """``hooks``' endpoint is down for 3 s (its circuit opens, its calls are parked); ``paced``
+    takes 20 calls a second (calls over the rate are parked): each user's calls still arrive in
+    order at both."""
+    down = receiver_factory(default=DownFor(3.0))
+    paced = receiver_factory()
+    config = ordered_config(down.url, **PATIENT)
     config["destinations"].append(
         {
-            "id": "other",
-            "name": "Other",
+            "id": "paced",
+            "name": "Paced",
             "sources": ["web"],
-            "webhooks": [{"url": second.url}],
+            "webhooks": [{"url": paced.url}],
             "ordering": "per_user",
+            "rate_limit": 20,
             **PATIENT,
         }
     )
     apply(settings, config)
     worker_factory(settings)
-    send_calls(settings, calls("A", 5), "wk")
-    wait_for(lambda: held_users("hooks") == 1 and held_users("other") == 1, timeout=60)
-    config["destinations"] = [dict(config["destinations"][0], enabled=False)]
-    apply(settings, config)
-    letters = wait_for(lambda: len(dead_lettered(settings, "A-3", "A-4")) == 4, timeout=30)
-    letters = dead_lettered(settings, "A-3", "A-4")
-    assert letters == {
-        ("hooks", "A-3"): "destination_disabled",
-        ("hooks", "A-4"): "destination_disabled",
-        ("other", "A-3"): "destination_deleted",
-        ("other", "A-4"): "destination_deleted",
-    }
-    assert held_users("hooks") == 0 and held_users("other") == 0
-    for receiver in (first, second):
-        with receiver.lock:
-            assert not {r.json.get("messageId") for r in receiver.requests} & {"A-3", "A-4"}
+    users = ("A", "B", "C")
+    send_calls(settings, interleaved(*users, count=10), "wk")
+    for receiver in (down, paced):
+        wait_for(
+            lambda receiver=receiver: all(len(first_delivered(receiver, u)) == 10 for u in users),
+            timeout=90,
+        )
+        for user in users:
+            delivered = first_delivered(receiver, user)
+            assert list(delivered) == [f"{user}-{i}" for i in range(10)]
+            for i in range(1, 10):  # no call asked before the one ahead of it was delivered
+                assert first_request(receiver, f"{user}-{i}") >= delivered[f"{user}-{i - 1}"]
