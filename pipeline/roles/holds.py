@@ -26,6 +26,7 @@ __all__ = [
     "RELEASE_HEADER",
     "SWEEP",
     "MORE",
+    "SPILLED",
     "RETENTION",
     "Change",
     "Hold",
@@ -116,13 +117,26 @@ def release_of(message: Any) -> Release | None:
 Change = tuple[bytes, bytes | None, int]
 
 
-def hold_change(key: bytes, blocker: str, since: int, *, new: bool) -> Change:
-    """``key``'s user held behind ``blocker`` since ``since`` (``new``: it was not held)."""
-    return (_held_key(key), encode_value(since, blocker.encode()), 1 if new else 0)
+#: The blocker of a user whose lane spilled its backlog to the state (``Lanes``): no call waits
+#: in a retry tier, the lane delivers the queue itself. Not counted as a held user.
+SPILLED = ""
 
 
-def unhold_change(key: bytes) -> Change:
-    return (_held_key(key), None, -1)
+def hold_change(key: bytes, blocker: str, before: Hold | None) -> Change:
+    """``key``'s user held behind ``blocker`` (``before``: its hold until now, if it had one:
+    the user is held since then)."""
+    since = _now_ms() if before is None else before.since
+    counted = _counted(blocker) - (0 if before is None else _counted(before.blocker))
+    return (_held_key(key), encode_value(since, blocker.encode()), counted)
+
+
+def _counted(blocker: str) -> int:
+    return 0 if blocker == SPILLED else 1
+
+
+def unhold_change(key: bytes, hold: Hold) -> Change:
+    """The end of ``key``'s ``hold``."""
+    return (_held_key(key), None, -_counted(hold.blocker))
 
 
 def queue_change(key: bytes, offset: int, value: bytes) -> Change:
@@ -154,7 +168,9 @@ class Holds:
         now = _now_ms()
         for partition in partitions:
             counts: dict[str, int] = {}
-            for key, _ in self.state.scan(partition, _HELD, now):
+            for key, (_, blocker) in self.state.scan(partition, _HELD, now):
+                if blocker == SPILLED.encode():
+                    continue
                 destination = destination_of(key[len(_HELD) :])
                 counts[destination] = counts.get(destination, 0) + 1
             self._counts[partition] = counts

@@ -50,6 +50,7 @@ from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_decisions import Concluded
 from pipeline.roles.holds import (
     MORE,
+    SPILLED,
     SWEEP,
     Change,
     Hold,
@@ -75,6 +76,8 @@ log = logging.getLogger("pipeline.ordering")
 RELEASE_PIECE = 500
 #: How often the sweep looks for holds of destinations that are no longer ordered and enabled.
 SWEEP_SECONDS = 2.0
+#: A held user the sweep sent a release for is sent another after this long, if still held.
+SWEEP_AGAIN = 60.0
 #: How many of the calls that went on a released call's log entry names.
 NAMED_CALLS = 20
 
@@ -119,6 +122,7 @@ class Lanes:
         producer: Producing,
         stop: asyncio.Event,
         log_on: bool,
+        spill_at: int = 100,
     ) -> None:
         self.holds = holds
         self._deliverer = deliverer
@@ -128,8 +132,11 @@ class Lanes:
         self._stop = stop
         self._log_on = log_on
         self._lanes: dict[bytes, _Lane] = {}
-        #: Keys the sweep sent a release for, not released yet (so it sends one only once).
-        self._swept: set[bytes] = set()
+        #: Keys the sweep sent a release for, not released yet, and when (it sends one again
+        #: only after ``SWEEP_AGAIN`` seconds: the partition may have moved meanwhile).
+        self._swept: dict[bytes, float] = {}
+        #: A lane holding this many calls in memory spills them to the state (``_spill``).
+        self._spill_at = spill_at
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -159,7 +166,7 @@ class Lanes:
                     continue  # the partition went: its new owner reads the record again
                 release = release_of(consumed.message)
                 if release is not None:
-                    await self._release(key, consumed, release, loop)
+                    await self._release(key, consumed, release, lane, loop)
                 else:
                     await self._fresh(key, consumed, lane, loop)
         except SchemaRegistryUnavailable as exc:
@@ -188,6 +195,9 @@ class Lanes:
                 return
             await self._suppress_queue(key, consumed, loop)  # then the delete call goes
             hold = None
+        if hold is None and len(lane.items) >= self._spill_at:
+            await self._spill(key, consumed, record, lane, loop)
+            return
         decided = await self._decided(consumed, record)
         if decided is None:
             return
@@ -196,10 +206,21 @@ class Lanes:
             return
         # It waits: its tier record is acknowledged before the hold that names it is written.
         await self._send(decided.out, _listed(decided.logged))
-        since = _now_ms() if hold is None else hold.since
-        change = hold_change(key, record.message_id, since, new=hold is None)
-        if await self._commit(consumed, [change], loop):
+        if await self._commit(consumed, [hold_change(key, record.message_id, hold)], loop):
             loop.finish(consumed)
+
+    async def _spill(
+        self, key: bytes, consumed: ConsumedRecord, record: Delivery, lane: _Lane, loop: Progress
+    ) -> None:
+        """The user's lane holds ``spill_at`` calls or more in memory (a busy user: one call at
+        a time is slower than they come): they go to the state, behind a hold of the lane's own,
+        and a release record of its own delivers them from there, in order. So one user's
+        backlog never fills the worker's in-flight limit, and the partition's other users flow
+        on."""
+        spilled = Hold(_now_ms(), SPILLED)
+        start = hold_change(key, SPILLED, None)
+        again = release_record(self._topics, key, MORE)
+        await self._queue(key, [(consumed, record)], spilled, lane, loop, [start], [again])
 
     async def _decided(self, consumed: ConsumedRecord, record: Delivery) -> Concluded | None:
         due = record.not_before / 1000 - time.time()
@@ -214,9 +235,12 @@ class Lanes:
         hold: Hold,
         lane: _Lane,
         loop: Progress,
-    ) -> None:
+        changes: Sequence[Change] = (),
+        out: Sequence[Any] = (),
+    ) -> bool:
         """Queue ``first`` and the calls behind it in the lane, up to a release or a delete call,
-        in the state behind ``hold``; finished once the changelog has them."""
+        in the state behind ``hold`` (with ``changes`` and ``out``); finished once the
+        changelog has them. ``False``: there were none."""
         items = first
         while lane.items and release_of(lane.items[0].message) is None:
             consumed = lane.items[0]
@@ -226,16 +250,19 @@ class Lanes:
             lane.items.popleft()
             if loop.owns(consumed):
                 items.append((consumed, record))
-        changes = []
+        if not items:
+            return False
+        queued = list(changes)
         logged: list[LogRecordValue] = []
         now = _now_ms()
         for consumed, record in items:
-            changes.append(queue_change(key, consumed.offset, consumed.message.value() or b""))
-            if self._log_on:
+            queued.append(queue_change(key, consumed.offset, consumed.message.value() or b""))
+            if self._log_on and hold.blocker != SPILLED:
                 logged.append(held_log_record(record, now, hold.blocker))
-        if await self._commit(items[0][0], changes, loop, logged=logged):
+        if await self._commit(items[0][0], queued, loop, out=out, logged=logged):
             for consumed, _ in items:
                 loop.finish(consumed)
+        return True
 
     async def _suppress_queue(self, key: bytes, consumed: ConsumedRecord, loop: Progress) -> None:
         """A delete call for a held user: the calls queued before it are suppressed (a deletion
@@ -252,12 +279,14 @@ class Lanes:
             metrics.SUPPRESSED.labels(metrics.destination_label(record.destination_id)).inc()
             if self._log_on:
                 logged.append(suppressed_log_record(record, now, SUPPRESSED_REASON))
-        changes.append(unhold_change(key))
-        self._swept.discard(key)
+        hold = self.holds.held(partition, key)
+        if hold is not None:
+            changes.append(unhold_change(key, hold))
+        self._swept.pop(key, None)
         await self._commit(consumed, changes, loop, logged=logged)
 
     async def _release(
-        self, key: bytes, consumed: ConsumedRecord, release: Release, loop: Progress
+        self, key: bytes, consumed: ConsumedRecord, release: Release, lane: _Lane, loop: Progress
     ) -> None:
         """The blocker has an outcome: deliver the queued calls in order, until one waits (the
         new blocker) or none is left (the hold goes). The release record is finished once the
@@ -277,7 +306,10 @@ class Lanes:
         changes: list[Change] = []
         went_on: list[str] = []
         blocked = ""  # the call that waits now, if one does
+        spilled = False  # calls that came meanwhile were queued behind the piece
         for (state_key, _, _), part in zip(piece, parts, strict=True):
+            if len(lane.items) >= self._spill_at:  # a piece takes long: the lane spills meanwhile
+                spilled = await self._queue(key, [], hold, lane, loop) or spilled
             changes.append(unqueue_change(state_key))
             record = self._deliverer.decode(part)
             if isinstance(record, Concluded):
@@ -287,21 +319,24 @@ class Lanes:
             decided = await self._decided(part, record)
             if decided is None:
                 return  # the worker stops: the release is read again after a restart
-            if decided.waits:  # the new blocker: earlier calls' hand-offs and its tier record
+            if decided.waits and release.outcome != SWEEP:
+                # The new blocker: earlier calls' hand-offs and its tier record, then its hold.
                 await self._send(out + decided.out, logged + _listed(decided.logged))
                 out, logged = [], []
-                changes.append(hold_change(key, record.message_id, hold.since, new=False))
+                changes.append(hold_change(key, record.message_id, hold))
                 blocked = record.message_id
                 break
+            # (Swept: the destination is no longer ordered; a call that waits holds no one.)
             out += decided.out
             logged += _listed(decided.logged)
             went_on.append(record.message_id)
         if not blocked:
-            if len(queued) > len(piece):  # a release of its own goes on with the rest
-                out.append(release_record(self._topics, key, MORE))
+            if len(queued) > len(piece) or spilled:  # a release of its own goes on with the rest
+                again = SWEEP if release.outcome == SWEEP else MORE
+                out.append(release_record(self._topics, key, again))
             else:
-                changes.append(unhold_change(key))
-                self._swept.discard(key)
+                changes.append(unhold_change(key, hold))
+                self._swept.pop(key, None)
         if self._log_on and release.outcome not in (SWEEP, MORE):
             logged.append(_released(release, went_on, key, blocked))
         await self._commit(consumed, changes, loop, out=out, logged=logged)
@@ -380,9 +415,10 @@ class Lanes:
                     destination is not None and destination.ordered and destination.enabled
                 ):
                     continue
+                now = time.monotonic()
                 for key in self.holds.held_keys(partition, destination_id):
-                    if key not in self._swept:
-                        self._swept.add(key)
+                    if now - self._swept.get(key, -SWEEP_AGAIN) >= SWEEP_AGAIN:
+                        self._swept[key] = now
                         out.append(release_record(self._topics, key, SWEEP))
         if out:
             log.info(

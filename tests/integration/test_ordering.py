@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -418,3 +419,37 @@ def test_an_outage_and_a_rate_limit_keep_each_users_order(
             assert list(delivered) == [f"{user}-{i}" for i in range(10)]
             for i in range(1, 10):  # no call asked before the one ahead of it was delivered
                 assert first_request(receiver, f"{user}-{i}") >= delivered[f"{user}-{i - 1}"]
+
+
+def on_the_partition_of(user: str, partitions: int) -> str:
+    """A user whose calls to ``hooks`` share ``user``'s partition of ``deliveries`` (librdkafka's
+    default partitioner: CRC32 of the key)."""
+    wanted = zlib.crc32(f"hooks/{user}".encode()) % partitions
+    return next(
+        f"B{n}" for n in range(1000) if zlib.crc32(f"hooks/B{n}".encode()) % partitions == wanted
+    )
+
+
+def test_a_busy_user_spills_to_the_state_and_holds_no_one_back(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    worker_factory: Callable[..., Any],
+) -> None:
+    """A's 400 calls come faster than one at a time can deliver them (10 ms each): past 100 in
+    memory, A's lane moves them to the state, so they neither fill the worker's in-flight limit
+    (200) nor stand in the way of B's calls behind them in the same partition: B's calls are
+    delivered before A's 150th; A's in order."""
+    receiver = receiver_factory(delay=0.01)
+    apply(settings, ordered_config(receiver.url))
+    worker_factory(settings.model_copy(update={"max_in_flight": 200}))
+    b_user = on_the_partition_of("A", settings.partitions)
+    send_calls(settings, calls("A", 400) + calls(b_user, 10), "wk")
+    wait_for(lambda: len(first_delivered(receiver, "A")) == 400, timeout=120)
+    a = first_delivered(receiver, "A")
+    assert list(a) == [f"A-{i}" for i in range(400)]
+    for i in range(1, 400):  # none asked before the one ahead of it was delivered
+        assert first_request(receiver, f"A-{i}") >= a[f"A-{i - 1}"]
+    b = first_delivered(receiver, b_user)
+    assert list(b) == [f"{b_user}-{i}" for i in range(10)]
+    assert max(b.values()) < a["A-150"]
+    print(f"{b_user} done {a['A-399'] - max(b.values()):.1f} s before A's last call")

@@ -17,6 +17,7 @@ from pipeline.kafka.partition_state import PartitionState, decode_value
 from pipeline.roles.holds import (
     RELEASE_HEADER,
     RETENTION,
+    SPILLED,
     Hold,
     Holds,
     Release,
@@ -53,14 +54,15 @@ def test_a_hold_and_its_queue_read_back_in_arrival_order(tmp_path: Path) -> None
     taken = holds.commit(
         0,
         [
-            hold_change(KEY, "m2", NOW, new=True),
+            hold_change(KEY, "m2", None),
             queue_change(KEY, 300, b"third"),  # offsets sort as numbers, not as text
             queue_change(KEY, 7, b"first"),
             queue_change(KEY, 20, b"second"),
         ],
     )
     assert taken is not None
-    assert holds.held(0, KEY) == Hold(NOW, "m2")
+    hold = holds.held(0, KEY)
+    assert hold is not None and hold.blocker == "m2" and hold.since >= NOW
     assert [(offset, value) for _, offset, value in holds.queued(0, KEY)] == [
         (7, b"first"),
         (20, b"second"),
@@ -73,7 +75,7 @@ def test_a_hold_and_its_queue_read_back_in_arrival_order(tmp_path: Path) -> None
     # The changelog records: one per key, to the partition's own changelog partition.
     assert {(topic, partition) for topic, _, _, _, partition in taken.records} == {(CHANGELOG, 0)}
     [held] = [value for _, key, value, _, _ in taken.records if key == b"h\x00hooks/u1"]
-    assert decode_value(held or b"") == (NOW, b"m2")
+    assert decode_value(held or b"") == (hold.since, b"m2")
 
 
 def test_a_user_whose_id_goes_on_past_a_nul_is_another_user(tmp_path: Path) -> None:
@@ -96,26 +98,35 @@ def test_a_queue_read_in_pieces_takes_changes_in_progress_into_account(tmp_path:
 
 def test_held_users_are_counted_per_destination(tmp_path: Path) -> None:
     holds = holds_in(tmp_path)
-    holds.commit(0, [hold_change(b"counted/u1", "m1", NOW, new=True)])
-    holds.commit(1, [hold_change(b"counted/u2", "m2", NOW, new=True)])
-    holds.commit(1, [hold_change(b"counted/u2", "m3", NOW, new=False)])  # another blocker
+    holds.commit(0, [hold_change(b"counted/u1", "m1", None)])
+    holds.commit(1, [hold_change(b"counted/u2", "m2", None)])
+    holds.commit(1, [hold_change(b"counted/u2", "m3", Hold(NOW, "m2"))])  # another blocker
     assert holds.holding("counted") and not holds.holding("hooks")
     assert gauge("counted") == 2
     assert holds.held_keys(1, "counted") == [b"counted/u2"]
-    holds.commit(0, [unhold_change(b"counted/u1")])
+    holds.commit(0, [unhold_change(b"counted/u1", Hold(NOW, "m1"))])
     assert gauge("counted") == 1
+    # A lane's own spill is not a held user, and a blocker taking its place is.
+    spilled = hold_change(b"counted/u3", SPILLED, None)
+    holds.commit(0, [spilled])
+    assert gauge("counted") == 1
+    holds.commit(0, [hold_change(b"counted/u3", "m4", Hold(NOW, SPILLED))])
+    assert gauge("counted") == 2
+    holds.commit(0, [unhold_change(b"counted/u3", Hold(NOW, "m4"))])
     holds.released([1])  # the partition went: its holds are counted by its new owner
     assert gauge("counted") == 0 and not holds.holding("counted")
 
 
 def test_counts_are_restored_with_the_partition(tmp_path: Path) -> None:
     holds = holds_in(tmp_path, (0,))
-    taken = holds.commit(0, [hold_change(b"restored/u1", "m1", NOW, new=True)])
+    taken = holds.commit(
+        0, [hold_change(b"restored/u1", "m1", None), hold_change(b"restored/u2", SPILLED, None)]
+    )
     holds.state.apply(taken or _none(), end=0)
     holds.close()
     again = holds_in(tmp_path, ())
     again.assigned([0], restore=False)  # the local store as it was, its holds counted
-    assert again.counts()[0] == {"restored": 1}
+    assert again.counts()[0] == {"restored": 1}  # a spilled lane is not a held user
 
 
 def test_release_records_name_the_call_and_read_back() -> None:
