@@ -5,14 +5,17 @@ call and destination, newest first, filtered. ``stats``: per destination, over a
 ``--json`` prints JSON lines with stable field names (README, "The delivery log").
 
 They read the store that ``pipeline log-store`` writes (``PIPELINE_LOG_STORE_URL``, or the
-embedded file of these settings); they do not need Kafka.
+embedded file of these settings); they do not need Kafka. ``stats`` also tells each ordered
+destination's held users, from Kafka (``pipeline.ops.ordering``), and says when Kafka does not
+answer rather than fail.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -20,7 +23,12 @@ from pipeline.commands._args import Subparsers
 from pipeline.core.settings import Settings
 from pipeline.store import LOG_STATES
 
+if TYPE_CHECKING:
+    from pipeline.core.held_users import HeldUsers
+
 __all__ = ["register", "run"]
+
+log = logging.getLogger("pipeline")
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -166,15 +174,70 @@ def _log(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _stats(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.store.format import format_stats
+    from pipeline.core.timestamps import now_ms
+    from pipeline.store.format import HELD_UNKNOWN, format_held_users, format_stats
 
     since, until = _window(args)
     with _open(settings) as store:
         rows = store.stats(since or 0, until)
+    held = _held_users(settings)
+    now = now_ms()
     if args.json:
-        _print_json(rows)
-    elif rows:
+        _print_stats_json(rows, held)
+        if held is None:
+            print(f"stats: {HELD_UNKNOWN}", file=sys.stderr)
+        return 0
+    if rows:
         print(format_stats(rows))
     else:
         print("stats: no deliveries in that window", file=sys.stderr)
+    held_lines = format_held_users(held, now)
+    if held_lines:
+        if rows:
+            print()
+        print("\n".join(held_lines))
     return 0
+
+
+def _held_users(settings: Settings) -> dict[str, HeldUsers] | None:
+    """Held users per destination (``pipeline.ops.ordering``), from Kafka: ``None`` when Kafka
+    does not answer (the rest of ``stats`` needs only the store)."""
+    from pipeline.core.exceptions import BrokerUnavailable
+    from pipeline.ops.ordering import held_users
+
+    try:
+        return held_users(settings)
+    except BrokerUnavailable as exc:
+        log.debug("stats: held users unknown: %s", exc)
+        return None
+
+
+def _print_stats_json(rows: list[Any], held: dict[str, HeldUsers] | None) -> None:
+    """Each row with its destination's held users (``held_users`` ``null``: unknown), and a row
+    for each destination with held users but nothing in the window."""
+    from pipeline.store import DestinationStats
+    from pipeline.store.format import held_users_json
+
+    seen = {row.destination for row in rows}
+    idle = [
+        DestinationStats(
+            destination=d,
+            attempts=0,
+            delivered=0,
+            failed=0,
+            success_ratio=None,
+            p50_ms=None,
+            p95_ms=None,
+            last_error=None,
+            last_error_status=None,
+            last_error_at=None,
+            waiting=0,
+            dead_lettered=0,
+        )
+        for d in sorted(held or {})
+        if d not in seen
+    ]
+    for row in [*rows, *idle]:
+        found = None if held is None else held.get(row.destination)
+        line = {**row.as_json(), **held_users_json(found, known=held is not None)}
+        print(orjson.dumps(line).decode())

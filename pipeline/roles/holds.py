@@ -16,6 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pipeline.core.held_users import HELD as _HELD
+from pipeline.core.held_users import OFFSET_BYTES as _OFFSET_BYTES
+from pipeline.core.held_users import QUEUED as _QUEUED
+from pipeline.core.held_users import RETENTION
 from pipeline.core.records import Delivery
 from pipeline.core.topics import Topics
 from pipeline.kafka.errors import Headed, Outgoing
@@ -47,13 +51,6 @@ __all__ = [
 RELEASE_HEADER = "pipeline-release"
 SWEEP = "sweep"
 MORE = "more"
-#: Held calls are kept at most this long (a hold lasts at most its blocker's retry deadline,
-#: 7 days at most; this is a safety net, not a schedule).
-RETENTION = 30 * 86400.0
-
-_HELD = b"h\x00"
-_QUEUED = b"q\x00"
-_OFFSET_BYTES = 8
 
 
 def _held_key(key: bytes) -> bytes:

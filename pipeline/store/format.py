@@ -8,13 +8,24 @@ terminal or forge a line of output. Long values are cut with ``…``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from pipeline.core.held_users import HeldUsers
 from pipeline.core.log_entries import JourneyState, LogEntry, LogKind
 
 from ._models import DestinationStats, Journey, Trace, iso
 
-__all__ = ["describe_state", "format_log", "format_stats", "format_trace", "safe"]
+__all__ = [
+    "HELD_UNKNOWN",
+    "describe_state",
+    "format_held_users",
+    "format_log",
+    "format_stats",
+    "format_trace",
+    "held_users_json",
+    "safe",
+]
 
 #: Characters of one outside value on a line (a response snippet is up to 1 KB).
 MAX_VALUE = 120
@@ -209,3 +220,34 @@ def format_stats(rows: Sequence[DestinationStats]) -> str:
         for s in rows
     ]
     return _table(header, cells, frozenset(range(1, 9)))
+
+
+#: What ``stats`` says of held users when Kafka, where they are kept, does not answer.
+HELD_UNKNOWN = "held users: unknown (Kafka unreachable)"
+
+
+def format_held_users(held: Mapping[str, HeldUsers] | None, now_ms: int) -> list[str]:
+    """One line per destination with held users (none: no line); ``held`` ``None``: unknown.
+
+    >>> format_held_users({"hooks": HeldUsers(3, 1_000, "u1", "m-1")}, now_ms=241_000)
+    ['hooks: 3 users held (oldest since 1970-01-01T00:00:01Z, 4m ago)']
+    """
+    if held is None:
+        return [HELD_UNKNOWN]
+    lines = []
+    for destination, users in sorted(held.items()):
+        count = "1 user" if users.count == 1 else f"{users.count:,} users"
+        lines.append(
+            f"{safe(destination, 40)}: {count} held (oldest since {users.since_text(now_ms)})"
+        )
+    return lines
+
+
+def held_users_json(held: HeldUsers | None, *, known: bool = True) -> dict[str, Any]:
+    """A ``stats`` row's held-users fields: ``held_users`` is ``null`` when unknown."""
+    return {
+        "held_users": (held.count if held else 0) if known else None,
+        "oldest_held_since": iso(held.oldest_since) if held else None,
+        "oldest_held_user": held.oldest_user if held else None,
+        "oldest_held_behind": held.oldest_blocker if held else None,
+    }
