@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.core.config import ConfigTable, Destination, Ordering, Source, config_data
 from pipeline.core.durations import HOUR_MS
+from pipeline.core.held_users import HeldUsers
 
 __all__ = [
     "Bar",
@@ -24,6 +25,7 @@ __all__ = [
     "changed_fields",
     "destination_data",
     "destination_form",
+    "held_users_text",
     "mask_key",
     "problems_by_field",
     "webhook_rows",
@@ -244,3 +246,28 @@ def bars(
             )
         )
     return found
+
+
+def held_users_text(
+    destination: Destination, held: HeldUsers | None, *, known: bool, now_ms: int
+) -> str | None:
+    """The destination page's line about held users: for an ordered destination, or one that
+    still has users held (it was ordered); ``None``: no line.
+
+    >>> from pipeline.core.config import Ordering, Webhook
+    >>> hook = Webhook(url="https://x.example")
+    >>> ordered = Destination(
+    ...     id="d", sources=["s"], ordering=Ordering.PER_USER, webhooks=[hook]
+    ... )
+    >>> held_users_text(ordered, None, known=True, now_ms=0)
+    'Held users: 0'
+    >>> held_users_text(ordered, HeldUsers(2, 1_000, "u", "m"), known=True, now_ms=301_000)
+    'Held users: 2 (oldest since 1970-01-01T00:00:01Z, 5m ago)'
+    """
+    if held is not None:
+        return f"Held users: {held.count:,} (oldest since {held.since_text(now_ms)})"
+    if not destination.ordered:
+        return None
+    if not known:
+        return "Held users: unknown (the ordering changelog is not read yet)"
+    return "Held users: 0"

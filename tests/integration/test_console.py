@@ -25,12 +25,13 @@ from urllib.parse import urlencode
 import orjson
 import pytest
 from aiohttp import web
+from confluent_kafka import Producer
 
 from pipeline.core.settings import Settings
 from pipeline.core.signing import sign
 from pipeline.http.console import make_console_app
 from pipeline.kafka.broker import EmbeddedBroker
-from pipeline.kafka.clients import create_topics
+from pipeline.kafka.clients import create_topics, topics_for
 from pipeline.kafka.config_store import load_table
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
 from pipeline.runtime.net import free_port
@@ -375,6 +376,45 @@ def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipe
         "'soon' is not a duration"
     )
     assert load_table(pipeline.settings).destinations["created"] == created
+
+
+def test_an_ordered_destination_shows_its_held_users(page: Any, pipeline: Pipeline):
+    """Holds written to the ordering changelog (by hand, as the deliver role writes them) show
+    on the destination's page, counted, with the oldest; an unordered destination has no line."""
+    dest = f"ordered-{uuid.uuid4().hex[:6]}"
+    login(page, "/destinations/new")
+    page.fill("input[name=id]", dest)
+    page.check("input[name=source][value=jobs]")
+    page.fill("#url_0", pipeline.receivers["hooks"].url + "/" + dest)
+    page.select_option("#ordering", "per_user")
+    page.click("#save")
+    page.wait_for_url(re.compile(rf"/destinations/{dest}$"))
+    held = page.locator("#held-users")
+    expect(held).to_have_text("Held users: 0")
+    now = int(time.time() * 1000)
+    oldest = now - 270_000  # 4 min 30 s ago
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers})
+    topic = topics_for(pipeline.settings).changelog("ordering")
+    for key, value in [
+        (f"h\x00{dest}/u1", oldest.to_bytes(8, "big") + b"m-1"),
+        (f"h\x00{dest}/{HOSTILE}", (now - 1_000).to_bytes(8, "big") + HOSTILE.encode()),
+        (f"q\x00{dest}/u1\x00" + "\x00" * 7 + "\x09", now.to_bytes(8, "big") + b"queued"),
+    ]:
+        producer.produce(topic, key=key.encode(), value=value, partition=0)
+    assert producer.flush(10) == 0
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(oldest // 1000))
+    wanted = f"Held users: 2 (oldest since {since}, 4m ago)"
+
+    def shown() -> bool:
+        page.reload()
+        return bool(held.inner_text() == wanted)
+
+    wait_for(shown, timeout=30)
+    assert HOSTILE not in page.content()
+    screenshot(page, "destination-held-users")
+    page.goto("/destinations/hooks")
+    expect(page.locator("h1")).to_contain_text("Destination hooks")
+    assert page.locator("#held-users").count() == 0
 
 
 # ---- sources and the schema page ----------------------------------------------------------------

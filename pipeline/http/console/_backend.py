@@ -1,5 +1,6 @@
 """What the console reads and changes: the live config (followed from the config topic), the
-operational events, the delivery log's store, dead-letter replays and test events.
+operational events, the held users of ordered destinations (followed from the ordering
+changelog), the delivery log's store, dead-letter replays and test events.
 
 Blocking calls (the store's queries, Kafka writes, reading the dead-letter topic) run in threads;
 the pages never wait on each other.
@@ -28,6 +29,7 @@ from pipeline.kafka.events import EventEmitter, EventKind, EventLog
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.ops.dlq import DlqFilter, ReplaySummary, replay_dead_letters
+from pipeline.ops.ordering import HeldUsersFollower
 from pipeline.store import LogStore, open_store
 
 __all__ = ["Console", "ReplayJob"]
@@ -65,6 +67,7 @@ class Console:
         self.settings = settings
         self.config = ConfigFollower(settings)
         self.events = EventLog(settings)
+        self.held = HeldUsersFollower(settings)
         self.sender = WebhookSender(settings)
         self.jobs: dict[str, ReplayJob] = {}
         #: Held around every read-change-write of the config, so that two saves (two clicks,
@@ -79,6 +82,7 @@ class Console:
     async def start(self) -> None:
         self.config.start()
         self.events.start()
+        self.held.start()
         await self.sender.start()
         self._producer = AsyncProducer(self.settings)
         self._emitter = EventEmitter(
@@ -94,6 +98,7 @@ class Console:
         await self.sender.aclose()
         self.config.stop()
         self.events.stop()
+        self.held.stop()
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
 

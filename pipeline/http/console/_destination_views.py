@@ -18,6 +18,7 @@ from pipeline.core.console import (
     bars,
     destination_data,
     destination_form,
+    held_users_text,
     problems_by_field,
     webhook_rows,
 )
@@ -123,6 +124,14 @@ class DestinationViews(Views):
             rows = max(rows, 1 + max(posted, default=0))
         events = self.console.events.of(f"destination:{dest.id}") if dest is not None else []
         origin = self.console.config.origin(f"destination:{dest.id}") if dest else None
+        held = self.console.held
+        held_line = (
+            held_users_text(
+                dest, held.of(dest.id) if held.ready else None, known=held.ready, now_ms=now_ms()
+            )
+            if dest is not None
+            else None
+        )
         return self._page(
             request,
             "destination.html",
@@ -135,6 +144,7 @@ class DestinationViews(Views):
             errors=errors or {},
             events=events,
             origin=origin,
+            held_line=held_line,
         )
 
     async def destination(self, request: web.Request) -> web.Response:
