@@ -16,10 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pipeline.core.held_users import HELD as _HELD
-from pipeline.core.held_users import OFFSET_BYTES as _OFFSET_BYTES
-from pipeline.core.held_users import QUEUED as _QUEUED
-from pipeline.core.held_users import RETENTION
 from pipeline.core.records import Delivery
 from pipeline.core.topics import Topics
 from pipeline.kafka.errors import Headed, Outgoing
@@ -47,10 +43,18 @@ __all__ = [
 
 #: The header of a release record: ``<outcome> <source> <call type> <messageId>`` of the call
 #: that held its user (outcome ``sweep``: the destination's holds are released whatever holds
-#: them; ``more``: the lane goes on with the queue).
+#: them; ``more``: the lane goes on with the queue of the hold behind that messageId, ``""`` for
+#: a lane's own).
 RELEASE_HEADER = "pipeline-release"
 SWEEP = "sweep"
 MORE = "more"
+#: Held calls are kept at most this long (a hold lasts at most its blocker's retry deadline,
+#: 7 days at most; this is a safety net, not a schedule).
+RETENTION = 30 * 86400.0
+
+_HELD = b"h\x00"
+_QUEUED = b"q\x00"
+_OFFSET_BYTES = 8
 
 
 def _held_key(key: bytes) -> bytes:
@@ -87,11 +91,18 @@ class Release(NamedTuple):
 
 
 def release_record(
-    topics: Topics, key: bytes | None, outcome: str, record: Delivery | None = None
+    topics: Topics,
+    key: bytes | None,
+    outcome: str,
+    record: Delivery | None = None,
+    *,
+    blocker: str = "-",
 ) -> Outgoing | Headed:
-    """The release record of ``record``'s user (``key``) once ``record`` has ``outcome``."""
+    """The release record of ``record``'s user (``key``) once ``record`` has ``outcome``; without
+    a record (a lane's own, ``MORE``, or the sweep's): the ``blocker`` whose hold it goes on
+    with."""
     if record is None:
-        text = f"{outcome} - - -"
+        text = f"{outcome} - - {blocker}"
     else:
         text = f"{outcome} {record.source_id} {record.call_type} {record.message_id}"
     return (topics.deliveries, key, b"", [(RELEASE_HEADER, text.encode())])

@@ -219,7 +219,7 @@ class Lanes:
         on."""
         spilled = Hold(_now_ms(), SPILLED)
         start = hold_change(key, SPILLED, None)
-        again = release_record(self._topics, key, MORE)
+        again = release_record(self._topics, key, MORE, blocker=SPILLED)
         await self._queue(key, [(consumed, record)], spilled, lane, loop, [start], [again])
 
     async def _decided(self, consumed: ConsumedRecord, record: Delivery) -> Concluded | None:
@@ -293,10 +293,9 @@ class Lanes:
         changelog has what it changed."""
         partition = consumed.key[1]
         hold = self.holds.held(partition, key)
-        if hold is None or (
-            release.outcome not in (SWEEP, MORE) and hold.blocker != release.message_id
-        ):
-            loop.finish(consumed)  # an old release: its user was released already
+        if hold is None or (release.outcome != SWEEP and hold.blocker != release.message_id):
+            # An old release: its user was released already, or is held by another call now.
+            loop.finish(consumed)
             return
         queued = self.holds.queued(partition, key, RELEASE_PIECE + 1)
         piece = queued[:RELEASE_PIECE]
@@ -333,7 +332,7 @@ class Lanes:
         if not blocked:
             if len(queued) > len(piece) or spilled:  # a release of its own goes on with the rest
                 again = SWEEP if release.outcome == SWEEP else MORE
-                out.append(release_record(self._topics, key, again))
+                out.append(release_record(self._topics, key, again, blocker=hold.blocker))
             else:
                 changes.append(unhold_change(key, hold))
                 self._swept.pop(key, None)

@@ -147,6 +147,9 @@ def test_release_records_name_the_call_and_read_back() -> None:
     )
     swept: Any = release_record(topics, KEY, "sweep")
     assert release_of(PartMessage(KEY, b"", swept[3])).outcome == "sweep"
+    # A lane's own release goes on with the hold it names, a spilled lane's too.
+    more: Any = release_record(topics, KEY, "more", blocker=SPILLED)
+    assert release_of(PartMessage(KEY, b"", more[3])) == Release("more", "-", "-", SPILLED)
     assert release_of(PartMessage(KEY, b"v", [])) is None
     assert release_of(PartMessage(KEY, b"v", [(RELEASE_HEADER, b"short")])) is None
 
