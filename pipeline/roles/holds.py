@@ -1,13 +1,7 @@
 """The held users of ordered destinations and their queued calls, in the deliver role's partition
-state (``pipeline.kafka.partition_state``, changelog ``state.ordering.changelog``), and the
-release records that end a hold. The lanes that use them: ``pipeline.roles.ordering``.
-
-Keys, per partition of ``deliveries`` (``key``: a delivery's Kafka key, ``<destination>/<user>``):
-
-- ``h\\x00<key>`` → the messageId of the call the user is held behind (the value's time: since
-  when the user is held);
-- ``q\\x00<key>\\x00<offset>`` (8 bytes, big-endian) → a call queued behind it, its record's
-  value as it was consumed at ``offset``: the queue reads back in the order the calls came.
+state (``pipeline.kafka.partition_state``, changelog ``state.ordering.changelog``; its key layout:
+``pipeline.core.held_users``), and the release records that end a hold. The lanes that use them:
+``pipeline.roles.ordering``.
 """
 
 from __future__ import annotations
@@ -16,6 +10,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pipeline.core.held_users import HELD as _HELD
+from pipeline.core.held_users import OFFSET_BYTES as _OFFSET_BYTES
+from pipeline.core.held_users import QUEUED as _QUEUED
+from pipeline.core.held_users import RETENTION, SPILLED
 from pipeline.core.records import Delivery
 from pipeline.core.topics import Topics
 from pipeline.kafka.errors import Headed, Outgoing
@@ -48,13 +46,6 @@ __all__ = [
 RELEASE_HEADER = "pipeline-release"
 SWEEP = "sweep"
 MORE = "more"
-#: Held calls are kept at most this long (a hold lasts at most its blocker's retry deadline,
-#: 7 days at most; this is a safety net, not a schedule).
-RETENTION = 30 * 86400.0
-
-_HELD = b"h\x00"
-_QUEUED = b"q\x00"
-_OFFSET_BYTES = 8
 
 
 def _held_key(key: bytes) -> bytes:
@@ -123,11 +114,6 @@ def release_of(message: Any) -> Release | None:
 
 #: A change to the holds: (state key, value or ``None`` to delete it, change to the held count).
 Change = tuple[bytes, bytes | None, int]
-
-
-#: The blocker of a user whose lane spilled its backlog to the state (``Lanes``): no call waits
-#: in a retry tier, the lane delivers the queue itself. Not counted as a held user.
-SPILLED = ""
 
 
 def hold_change(key: bytes, blocker: str, before: Hold | None) -> Change:
