@@ -66,6 +66,11 @@ class FailsFor:
         self.first: float | None = None
         self.lock = threading.Lock()
 
+    def again(self, seconds: float) -> None:
+        """Fail it for ``seconds`` from its next request."""
+        with self.lock:
+            self.first, self.seconds = None, seconds
+
     def __call__(self, body: bytes) -> int:
         if orjson.loads(body).get("messageId") != self.message_id:
             return 200
@@ -86,9 +91,13 @@ def delivered_in_order(receiver: Receiver, user: str) -> list[tuple[str, float]]
         ]
 
 
-def first_request(receiver: Receiver, message_id: str) -> float:
+def first_request(receiver: Receiver, message_id: str, since: float = 0.0) -> float:
     with receiver.lock:
-        return min(r.at for r in receiver.requests if r.json.get("messageId") == message_id)
+        return min(
+            r.at
+            for r in receiver.requests
+            if r.json.get("messageId") == message_id and r.at >= since
+        )
 
 
 def unique(delivered: list[tuple[str, float]]) -> list[str]:
@@ -104,11 +113,13 @@ def ordered_config(url: str, **destination: Any) -> dict[str, Any]:
     return simple_config(url, ordering="per_user", **destination)
 
 
-def first_delivered(receiver: Receiver, user: str) -> dict[str, float]:
-    """When each of the user's calls was first delivered (a kill may deliver one again)."""
+def first_delivered(receiver: Receiver, user: str, since: float = 0.0) -> dict[str, float]:
+    """When each of the user's calls was first delivered (since ``since``; a kill may deliver
+    one again)."""
     first: dict[str, float] = {}
     for message_id, at in delivered_in_order(receiver, user):
-        first.setdefault(message_id, at)
+        if at >= since:
+            first.setdefault(message_id, at)
     return first
 
 
@@ -175,8 +186,11 @@ def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
     receiver_factory: Callable[..., Receiver],
     worker_factory: Callable[..., Any],
 ) -> None:
-    # A-2 fails past its retry deadline (8 s in tests): it is dead-lettered.
-    receiver = receiver_factory(default=FailsFor("A-2", 3600))
+    """A-2 fails past its retry deadline (8 s in tests): it is dead-lettered, and A-3, A-4 go on
+    past it. Then `pipeline replay` of the range delivers A's calls again, in order (A-2 failing
+    for 2 s holds A-3 and A-4 back again)."""
+    failing = FailsFor("A-2", 3600)
+    receiver = receiver_factory(default=failing)
     apply(settings, ordered_config(receiver.url))
     worker_factory(settings)
     send_calls(settings, interleaved("A", "B"), "wk")
@@ -190,14 +204,22 @@ def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
     assert first_request(receiver, "A-3") > last_a2
     # A-2's failures may have opened the endpoint's circuit: A-3 then waits its turn in a retry
     # tier (and holds A-4) until it closes.
-    # `dlq replay` says what a replay does to order.
-    replay = run_cli(settings, "dlq", "replay", "--dry-run")
-    assert "note: hooks deliver each user's calls in order" in replay.stdout, replay.stdout
     released = dict(wait_for(lambda: delivery_log_entries(settings, "released") or None))
     assert released["A-2"]["reason"] in (
         "dead_lettered; 2 held calls went on past it: A-3, A-4",
         "dead_lettered; A-3 is next, and waits in a retry tier",
     )
+    # `dlq replay` says what a replay does to order.
+    replay = run_cli(settings, "dlq", "replay", "--dry-run")
+    assert "note: hooks deliver each user's calls in order" in replay.stdout, replay.stdout
+    failing.again(2.0)
+    replayed_at = time.time()
+    replayed = run_cli(settings, "replay", "--destination", "hooks", "--since", "1h", "--yes")
+    assert replayed.returncode == 0, replayed.stderr
+    wait_for(lambda: len(first_delivered(receiver, "A", replayed_at)) == 5, timeout=60)
+    again = first_delivered(receiver, "A", replayed_at)
+    assert list(again) == [f"A-{i}" for i in range(5)], again
+    assert first_request(receiver, "A-3", replayed_at) >= again["A-2"]
 
 
 class Switch:
