@@ -52,6 +52,10 @@ Sections (the issue's numbering):
 12. The router's resend memory (``PIPELINE_DEDUPE_WINDOW``): one router alone and end to end,
     dedupe on against off (same run, alternated), and the restore of one partition's state of a
     million keys from its changelog (``bench.dedupe``).
+13. Ordered delivery (``ordering: per_user``): end to end, 1,000 users, an ordered destination
+    against the same unordered; and with one user's calls answered 503 for 30 s, the other 999
+    users' deliveries/s against the same calls without the failing user (same run, alternated;
+    ``bench.ordering``).
 """
 
 from __future__ import annotations
@@ -960,6 +964,12 @@ def section_dedupe(bench: Bench) -> None:
     )
 
 
+def section_ordering(bench: Bench) -> None:
+    from .ordering import section_ordering as run
+
+    run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -971,6 +981,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "10": section_log,
     "11": section_many,
     "12": section_dedupe,
+    "13": section_ordering,
 }
 
 
@@ -1038,7 +1049,7 @@ def report(bench: Bench, started: float, load: str) -> str:
 
 - Versions: {versions()}.
 - Machine: {load}.
-- Each figure is the median of {bench.runs} runs (sections 3 and 12: {max(bench.runs, 5)}); each ratio is
+- Each figure is the median of {bench.runs} runs (sections 3, 12 and 13: {max(bench.runs, 5)}); each ratio is
   computed per run (ours and its reference back to back) and the median of those is shown. The
   machine is shared: compare ratios.
 - One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio

@@ -42,10 +42,20 @@ LOG_DIR = Path(tempfile.gettempdir()) / "pipeline-bench"
 class Receiver:
     """A ``bench._receiver`` process; its counters are read over HTTP."""
 
-    def __init__(self, mode: str = "ok", *, delay: float = 0.0, log: bool = False) -> None:
+    def __init__(
+        self,
+        mode: str = "ok",
+        *,
+        delay: float = 0.0,
+        log: bool = False,
+        fail_user: str = "",
+        fail_for: float = 30.0,
+    ) -> None:
         command = [sys.executable, "-m", "bench._receiver", "--mode", mode, "--delay", str(delay)]
         if log:
             command.append("--log")
+        if fail_user:  # 503 to each user of this userId prefix for fail_for s (see _receiver)
+            command += ["--fail-user", fail_user, "--fail-for", str(fail_for)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         _STARTED.append(self)
         assert self.process.stdout is not None
@@ -70,6 +80,10 @@ class Receiver:
 
     def arrivals(self) -> list[tuple[str, int, float]]:
         return [tuple(a) for a in self._get("/__arrivals")]  # type: ignore[misc]
+
+    def failing(self) -> dict[str, Any]:
+        """``fail_user``'s users: {"refused": n, "answered": [[userId, messageId, time], ...]}."""
+        return dict(self._get("/__failing"))
 
     def stop(self) -> None:
         _forget(self)
@@ -157,8 +171,15 @@ class Deployment:
         create_topics(self.settings)
         self.codec = Codec.default()
 
-    def apply(self, sources: dict[str, list[tuple[str, list[str]]]], **extra: Any) -> None:
-        """``sources``: source id → [(destination id, [url, ...]), ...]."""
+    def apply(
+        self,
+        sources: dict[str, list[tuple[str, list[str]]]],
+        *,
+        destination_fields: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
+        """``sources``: source id → [(destination id, [url, ...]), ...]; ``destination_fields``:
+        what every destination also gets (e.g. ``{"ordering": "per_user"}``)."""
         destinations = []
         for source, targets in sources.items():
             for destination, urls in targets:
@@ -168,6 +189,7 @@ class Deployment:
                         "sources": [source],
                         "shared_secret": SECRET,
                         "webhooks": [{"url": url} for url in urls],
+                        **(destination_fields or {}),
                     }
                 )
         config = {

@@ -4,10 +4,17 @@
     python -m bench._receiver --mode ok --delay 0.1    # 200 after 100 ms
     python -m bench._receiver --mode hang              # reads the request, never answers
     python -m bench._receiver --mode fail-first        # 500 to a messageId's first attempt, then 200
+    python -m bench._receiver --fail-user slow --fail-for 30   # 503 to each user "slow…" for 30 s
 
 Prints its port on the first line of stdout. ``GET /__stats`` answers JSON (requests, answered
 2xx, first/last 2xx time); ``GET /__reset`` zeroes the counters; ``GET /__arrivals`` returns every
 POST as ``[messageId, attempt, epoch seconds]`` (``--log`` only).
+
+``--fail-user PREFIX``: each user whose userId starts with PREFIX is answered 503 (at once,
+whatever the mode) for ``--fail-for`` seconds from that user's first request, then 200. Those
+users' requests are left out of ``/__stats`` (its figures are the other users'); ``GET /__failing``
+answers how many were refused and ``[userId, messageId, epoch seconds]`` of each answered 200, in
+the order answered (kept across ``/__reset``, as each user's window is).
 
 Why not aiohttp.web: a single-process aiohttp server answered ~5,000 req/s here and was the
 bottleneck of the first end-to-end benchmark. This responder does the least an HTTP/1.1 server
@@ -27,7 +34,9 @@ import orjson
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 _FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail"
+_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nfail"
 _MESSAGE_ID = b'"messageId":"'
+_USER_ID = b'"userId":"'
 
 
 class Stats:
@@ -35,6 +44,11 @@ class Stats:
         self.reset()
         self.arrivals: list[tuple[str, int, float]] = []
         self.attempts: dict[str, int] = {}
+        #: ``--fail-user``: each failing user's first request (monotonic), the requests refused,
+        #: and (userId, messageId, time) of those answered 200.
+        self.failing_since: dict[str, float] = {}
+        self.failing_refused = 0
+        self.failing_answered: list[tuple[str, str, float]] = []
 
     def reset(self) -> None:
         self.requests = 0
@@ -94,6 +108,13 @@ class Responder(asyncio.Protocol):
                 payload = b"{}"
             elif path == b"/__arrivals":
                 payload = orjson.dumps(self.stats.arrivals)
+            elif path == b"/__failing":
+                payload = orjson.dumps(
+                    {
+                        "refused": self.stats.failing_refused,
+                        "answered": self.stats.failing_answered,
+                    }
+                )
             else:
                 payload = self.stats.as_json()
             self.transport.write(
@@ -101,6 +122,8 @@ class Responder(asyncio.Protocol):
                 % len(payload)
                 + payload
             )
+            return
+        if self.args.fail_user and self.failing(body):
             return
         stats = self.stats
         stats.requests += 1
@@ -131,6 +154,26 @@ class Responder(asyncio.Protocol):
         else:
             self.transport.write(answer)
 
+    def failing(self, body: bytes) -> bool:
+        """Answer a failing user's request (``--fail-user``); ``False``: not a failing user's."""
+        prefix = _USER_ID + self.args.fail_user.encode()
+        at = body.find(prefix)
+        if at < 0:
+            return False
+        assert self.transport is not None
+        start = at + len(_USER_ID)
+        user = body[start : body.find(b'"', start)].decode()
+        stats, now = self.stats, time.monotonic()
+        if now - stats.failing_since.setdefault(user, now) < self.args.fail_for:
+            stats.failing_refused += 1
+            self.transport.write(_UNAVAILABLE)
+            return True
+        at = body.find(_MESSAGE_ID) + len(_MESSAGE_ID)
+        message_id = body[at : body.find(b'"', at)].decode()
+        stats.failing_answered.append((user, message_id, time.time()))
+        self.transport.write(_OK)
+        return True
+
     def _write(self, answer: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(answer)
@@ -157,6 +200,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=("ok", "hang", "fail", "fail-first"), default="ok")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before answering")
     parser.add_argument("--log", action="store_true", help="keep every POST's arrival time")
+    parser.add_argument("--fail-user", default="", help="503 to the users of this userId prefix")
+    parser.add_argument(
+        "--fail-for", type=float, default=30.0, help="seconds from a failing user's first request"
+    )
     args = parser.parse_args()
     try:
         asyncio.run(serve(args))
