@@ -151,6 +151,7 @@ class Holds:
         self.state = state
         #: partition → destination → users held there.
         self._counts: dict[int, dict[str, int]] = {}
+        #: The destinations with users held here (their gauge is set).
         self._labels: set[str] = set()
 
     # ---- partitions ----------------------------------------------------------------------------
@@ -206,8 +207,8 @@ class Holds:
         return [key[len(_HELD) :] for key, _ in self.state.scan(partition, prefix, _now_ms())]
 
     def holding(self, destination: str) -> bool:
-        """Whether a user of ``destination`` is held here."""
-        return any(counts.get(destination) for counts in self._counts.values())
+        """Whether a user of ``destination`` is held here (asked of every fresh record)."""
+        return destination in self._labels
 
     def counts(self) -> dict[int, dict[str, int]]:
         """Partition → destination → users held there."""

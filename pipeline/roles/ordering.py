@@ -201,8 +201,11 @@ class Lanes:
         decided = await self._decided(consumed, record)
         if decided is None:
             return
-        if not decided.waits:  # the lane goes on meanwhile: its order is the attempts'
-            self._spawn(self._deliverer.finish(consumed, decided.out, decided.logged, loop))
+        if not decided.waits:
+            if decided.out:  # the lane goes on meanwhile: its order is the attempts'
+                self._spawn(self._deliverer.finish(consumed, decided.out, decided.logged, loop))
+            else:  # delivered: nothing to wait for (the log finishes it), no task to make
+                await self._deliverer.finish(consumed, decided.out, decided.logged, loop)
             return
         # It waits: its tier record is acknowledged before the hold that names it is written.
         await self._send(decided.out, _listed(decided.logged))
@@ -266,24 +269,27 @@ class Lanes:
 
     async def _suppress_queue(self, key: bytes, consumed: ConsumedRecord, loop: Progress) -> None:
         """A delete call for a held user: the calls queued before it are suppressed (a deletion
-        request covers them), and the hold goes. Its blocker is suppressed when it comes due."""
+        request covers them), a piece at a time, and the hold goes. Its blocker is suppressed
+        when it comes due."""
         partition = consumed.key[1]
-        changes = []
-        logged: list[LogRecordValue] = []
-        now = _now_ms()
-        for state_key, offset, value in self.holds.queued(partition, key):
-            changes.append(unqueue_change(state_key))
-            record = self._deliverer.decode(_stand_in(consumed, key, offset, value))
-            if isinstance(record, Concluded):
-                continue
-            metrics.SUPPRESSED.labels(metrics.destination_label(record.destination_id)).inc()
-            if self._log_on:
-                logged.append(suppressed_log_record(record, now, SUPPRESSED_REASON))
+        while piece := self.holds.queued(partition, key, RELEASE_PIECE):
+            changes = []
+            logged: list[LogRecordValue] = []
+            now = _now_ms()
+            for state_key, offset, value in piece:
+                changes.append(unqueue_change(state_key))
+                record = self._deliverer.decode(_stand_in(consumed, key, offset, value))
+                if isinstance(record, Concluded):
+                    continue
+                metrics.SUPPRESSED.labels(metrics.destination_label(record.destination_id)).inc()
+                if self._log_on:
+                    logged.append(suppressed_log_record(record, now, SUPPRESSED_REASON))
+            if not await self._commit(consumed, changes, loop, logged=logged):
+                return
         hold = self.holds.held(partition, key)
         if hold is not None:
-            changes.append(unhold_change(key, hold))
+            await self._commit(consumed, [unhold_change(key, hold)], loop)
         self._swept.pop(key, None)
-        await self._commit(consumed, changes, loop, logged=logged)
 
     async def _release(
         self, key: bytes, consumed: ConsumedRecord, release: Release, lane: _Lane, loop: Progress
