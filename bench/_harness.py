@@ -226,25 +226,26 @@ class Deployment:
     def log_store_url(self) -> str:
         return f"sqlite:///{LOG_DIR / (self.settings.topic_prefix + 'log.sqlite3')}"
 
+    def call_record(self, source: str, user: str, message_id: str, now: int) -> tuple[bytes, bytes]:
+        """(key, value) of one encoded track call of ``user`` from ``source``."""
+        call = Call(
+            CallType.TRACK,
+            message_id,
+            source,
+            now,
+            now,
+            user_id=user,
+            event="Order Completed",
+            properties=PROPERTIES.decode(),
+            context=CONTEXT.decode(),
+        )
+        return user.encode(), self.codec.encode("Call", call_to_record(call))
+
     def call_records(self, source: str, count: int) -> Iterable[tuple[bytes, bytes]]:
         """(key, value) of ``count`` encoded track calls from ``source``."""
-        encode = self.codec.encode
         now = int(time.time() * 1000)
-        properties, context = PROPERTIES.decode(), CONTEXT.decode()
         for i in range(count):
-            user = f"u{i % 5000}"
-            call = Call(
-                CallType.TRACK,
-                str(uuid.uuid4()),
-                source,
-                now,
-                now,
-                user_id=user,
-                event="Order Completed",
-                properties=properties,
-                context=context,
-            )
-            yield user.encode(), encode("Call", call_to_record(call))
+            yield self.call_record(source, f"u{i % 5000}", str(uuid.uuid4()), now)
 
     def produce_calls(self, source: str, count: int) -> None:
         produce_all(self.settings, self.topics.calls, self.call_records(source, count))

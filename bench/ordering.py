@@ -24,12 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.core.calls import Call, CallType
-from pipeline.core.records import call_to_record
-
 from ._harness import (
-    CONTEXT,
-    PROPERTIES,
     Deployment,
     Receiver,
     Worker,
@@ -188,25 +183,12 @@ def call_records(
 ) -> tuple[list[tuple[bytes, bytes]], list[str]]:
     """(key, value) of encoded track calls, one of each user a round, ``rounds`` rounds; and the
     messageIds of ``watched``'s calls, in the order they are sent."""
-    encode = deployment.codec.encode
     now = int(time.time() * 1000)
-    properties, context = PROPERTIES.decode(), CONTEXT.decode()
     records, watched_ids = [], []
     for _ in range(rounds):
         for user in users:
             message_id = str(uuid.uuid4())
-            call = Call(
-                CallType.TRACK,
-                message_id,
-                source,
-                now,
-                now,
-                user_id=user,
-                event="Order Completed",
-                properties=properties,
-                context=context,
-            )
-            records.append((user.encode(), encode("Call", call_to_record(call))))
+            records.append(deployment.call_record(source, user, message_id, now))
             if user == watched:
                 watched_ids.append(message_id)
     return records, watched_ids

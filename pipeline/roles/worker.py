@@ -45,34 +45,26 @@ ROLES = ("router", "deliver", "retry", "log-store")
 _RETRY_CONSUMER = {"fetch.wait.max.ms": 50}
 
 
+def _state(settings: Settings, topics: Topics, name: str, retention: float) -> PartitionState:
+    """The partition state ``name`` of a role in this process; its changelog topic is checked
+    first (``StateUnavailable``)."""
+    changelog = topics.changelog(name)
+    check_changelog(settings, changelog)
+    directory = os.path.join(default_state_dir(settings), name)
+    return PartitionState(settings, changelog=changelog, directory=directory, retention=retention)
+
+
 def _dedupe(settings: Settings, topics: Topics) -> Dedupe | None:
-    """The router's memory of the calls it routed (``None``: ``PIPELINE_DEDUPE_WINDOW=off``);
-    its changelog topic is checked first (``StateUnavailable``)."""
+    """The router's memory of the calls it routed (``None``: ``PIPELINE_DEDUPE_WINDOW=off``)."""
     if settings.dedupe_window is None:
         return None
-    changelog = topics.changelog("dedupe")
-    check_changelog(settings, changelog)
-    state = PartitionState(
-        settings,
-        changelog=changelog,
-        directory=os.path.join(default_state_dir(settings), "dedupe"),
-        retention=settings.dedupe_window + MARGIN,
-    )
+    state = _state(settings, topics, "dedupe", settings.dedupe_window + MARGIN)
     return Dedupe(state, settings.dedupe_window)
 
 
 def _holds(settings: Settings, topics: Topics) -> Holds:
-    """The deliver role's held users of ordered destinations; its changelog topic is checked
-    first (``StateUnavailable``)."""
-    changelog = topics.changelog("ordering")
-    check_changelog(settings, changelog)
-    state = PartitionState(
-        settings,
-        changelog=changelog,
-        directory=os.path.join(default_state_dir(settings), "ordering"),
-        retention=ORDERING_RETENTION,
-    )
-    return Holds(state)
+    """The deliver role's held users of ordered destinations."""
+    return Holds(_state(settings, topics, "ordering", ORDERING_RETENTION))
 
 
 def _routing_parker(parking: Parking, follower: ConfigFollower) -> RoutingParker:
