@@ -47,7 +47,7 @@ def test_a_broken_setup_names_each_problem_and_what_to_do(settings):
     fresh = settings.replace(topic_prefix=settings.topic_prefix + "none.")
     missing = run_cli(fresh, "doctor", timeout=60)
     assert missing.returncode == 1
-    assert "FAIL topics          13 missing" in missing.stdout, missing.stdout  # 2 retry tiers
+    assert "FAIL topics          14 missing" in missing.stdout, missing.stdout  # 2 retry tiers
     assert "→ run `pipeline topics create`" in missing.stdout
 
 

