@@ -9,7 +9,9 @@ topics). For each record, in order (``_decide``):
    is (``Hold``), since a pause costs a fetch round trip.
 2. **Can its destination take it now?** Asked before the decode where the record may still be
    parked as it is (a fresh one, or a parked one come due): if not, it is parked again undecoded
-   (``HandOff``). A parked batch come due is split into the records it carries (``Split``).
+   (``HandOff``). A parked batch come due is split into the records it carries (``Split``). A
+   fresh record of an ordered destination, or a release, goes to its user's lane instead
+   (``InLane``; ``pipeline.roles.ordering``), which takes the next steps in the user's order.
 3. **Decode** (an undecodable record is dead-lettered ``undecodable``).
 4. **Suppressed?** A deletion request for the call's user came after the call: logged and
    counted, never attempted.
