@@ -450,11 +450,6 @@ class PartitionState:
                         found[key] = decode_value(value)
         return sorted(found.items())[:limit]
 
-    def partitions(self) -> list[int]:
-        """The partitions whose state is here."""
-        with self._lock:
-            return list(self._stores)
-
     def stage(self, partition: int, key: bytes, value: bytes | None) -> None:
         """Change ``key`` (``None``: delete it) with the hand-off in progress."""
         self._staged.setdefault(partition, {})[key] = value
