@@ -153,6 +153,9 @@ class Holds:
         self._counts: dict[int, dict[str, int]] = {}
         #: The destinations with users held here (their gauge is set).
         self._labels: set[str] = set()
+        # One deliver role a process: its gauge starts from what this one holds (a role run
+        # again in the same process, as tests do, does not inherit the last one's figures).
+        metrics.ORDERING_HELD_USERS.clear()
 
     # ---- partitions ----------------------------------------------------------------------------
 
