@@ -84,13 +84,13 @@ def test_a_dead_lettered_call_lets_the_later_ones_go_in_order(
     receiver_factory: Callable[..., Receiver],
     worker_factory: Callable[..., Any],
 ) -> None:
-    """A-2 fails past its retry deadline (8 s in tests): it is dead-lettered, and A-3, A-4 go on
+    """A-2 fails past its retry deadline (4 s here): it is dead-lettered, and A-3, A-4 go on
     past it. Then `pipeline replay` of the range delivers A's calls again, in order (A-2 failing
     for 2 s holds A-3 and A-4 back again)."""
     failing = FailsFor("A-2", 3600)
     receiver = receiver_factory(default=failing)
     apply(settings, ordered_config(receiver.url))
-    worker_factory(settings)
+    worker_factory(settings.model_copy(update={"retry_deadline": 4.0}))
     send_calls(settings, interleaved("A", "B"), "wk")
     wait_for(lambda: len(unique(delivered_in_order(receiver, "A"))) == 4, timeout=60)
     a = delivered_in_order(receiver, "A")
