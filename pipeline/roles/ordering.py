@@ -20,6 +20,9 @@ One user's calls to one destination share a key (``<destination>/<user>``), henc
   suppresses the calls queued before it and removes the hold; a destination disabled, deleted or
   no longer ordered has its holds released by the sweep (the queued calls are then decided as any
   call of it is: dead-lettered, or delivered unordered).
+- **A busy user spills.** A lane with ``spill_at`` (100) calls waiting in memory moves them to the
+  state behind a hold of its own (``SPILLED``, no call waits) and delivers them from there, a
+  piece at a time: one user's backlog never fills the worker's in-flight limit.
 
 Crash-safety: a blocker's tier record is acknowledged before its hold is written, and a record is
 finished only once the state changes it made are acknowledged on the changelog; a record killed
