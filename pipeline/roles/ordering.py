@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pipeline.core.config import ConfigTable, Destination
+from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.log_entries import held_log_record, released_log_record, suppressed_log_record
 from pipeline.core.records import Delivery
 from pipeline.core.suppression import SUPPRESSED_REASON
@@ -172,6 +173,8 @@ class Lanes:
                     await self._release(key, consumed, release, lane, loop)
                 else:
                     await self._fresh(key, consumed, lane, loop)
+        except BrokerUnavailable:
+            pass  # stopping with records unacknowledged: they are read again after a restart
         except SchemaRegistryUnavailable as exc:
             self._deliverer.give_up(exc)  # what is unfinished is read again after a restart
         except Exception as exc:  # a bug: stop, rather than deliver a user's calls out of order
@@ -409,6 +412,8 @@ class Lanes:
                 return
             try:
                 await self.sweep(table())
+            except BrokerUnavailable:
+                return  # stopping: the next deliver role sweeps
             except Exception:  # noqa: BLE001 (tried again at the next sweep)
                 log.exception("ordering: the sweep failed")
 
