@@ -15,6 +15,7 @@ from pipeline.core.held_users import OFFSET_BYTES as _OFFSET_BYTES
 from pipeline.core.held_users import QUEUED as _QUEUED
 from pipeline.core.held_users import RETENTION, SPILLED
 from pipeline.core.records import Delivery
+from pipeline.core.routing import key_destination
 from pipeline.core.topics import Topics
 from pipeline.kafka.errors import Headed, Outgoing
 from pipeline.kafka.partition_state import Changes, PartitionState, encode_value
@@ -30,7 +31,6 @@ __all__ = [
     "Hold",
     "Holds",
     "Release",
-    "destination_of",
     "hold_change",
     "unhold_change",
     "queue_change",
@@ -58,11 +58,6 @@ def _queue_prefix(key: bytes) -> bytes:
 
 def _queued_key(key: bytes, offset: int) -> bytes:
     return _queue_prefix(key) + offset.to_bytes(_OFFSET_BYTES, "big")
-
-
-def destination_of(key: bytes) -> str:
-    """The destination of a delivery key ``<destination>/<user>``."""
-    return key.split(b"/", 1)[0].decode(errors="replace")
 
 
 class Hold(NamedTuple):
@@ -169,7 +164,7 @@ class Holds:
             for key, (_, blocker) in self.state.scan(partition, _HELD, now):
                 if blocker == SPILLED.encode():
                     continue
-                destination = destination_of(key[len(_HELD) :])
+                destination = key_destination(key[len(_HELD) :])
                 counts[destination] = counts.get(destination, 0) + 1
             self._counts[partition] = counts
         self._gauge()
@@ -227,7 +222,7 @@ class Holds:
         for state_key, value, by in changes:
             self.state.stage(partition, state_key, value)
             if by:
-                destination = destination_of(state_key[len(_HELD) :])
+                destination = key_destination(state_key[len(_HELD) :])
                 counts[destination] = max(0, counts.get(destination, 0) + by)
                 counted = True
         if counted:

@@ -43,6 +43,7 @@ from pipeline.core.config import ConfigTable, Destination
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.log_entries import held_log_record, released_log_record, suppressed_log_record
 from pipeline.core.records import Delivery
+from pipeline.core.routing import key_destination
 from pipeline.core.suppression import SUPPRESSED_REASON
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
@@ -60,7 +61,6 @@ from pipeline.roles.holds import (
     Hold,
     Holds,
     Release,
-    destination_of,
     hold_change,
     queue_change,
     release_of,
@@ -483,7 +483,7 @@ def _released(release: Release, went_on: list[str], key: bytes, waits: str) -> d
         release.message_id,
         release.source,
         release.call_type,
-        destination_of(key),
+        key_destination(key),
         _now_ms(),
         "; ".join(said),
     )
