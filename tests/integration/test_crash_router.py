@@ -15,7 +15,8 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -31,6 +32,7 @@ from tests.support import (
     caught_up,
     crash_calls,
     delivery_figures,
+    group_positions,
     positions,
     ready,
     simple_config,
@@ -159,14 +161,13 @@ def topic_figures(settings: Settings) -> int:
 
 def kill_router_mid_stream(
     settings: Settings,
-    receiver_factory: Callable[..., Receiver],
+    receiver: Receiver,
     process_factory: Callable[..., subprocess.Popen[bytes]],
     router_env: dict[str, str],
-) -> tuple[Receiver, int, int]:
+) -> tuple[int, int]:
     """Router and deliver in their own processes; SIGKILL the router at about a third of the
-    calls, restart it, wait for every call. Returns the receiver, its count at the kill and the
+    calls, restart it, wait for every call. Returns the receiver's count at the kill and the
     calls sent by then."""
-    receiver = receiver_factory(delay=RECEIVER_DELAY)
     apply(settings, simple_config(receiver.url))
     router, router_log = started(process_factory, settings, "router", router_env)
     _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
@@ -183,7 +184,48 @@ def kill_router_mid_stream(
     stream.finish()
     logs = {"killed router": router_log, "deliver": deliver_log, "new router": successor_log}
     everything(settings, receiver, logs)
-    return receiver, at_kill, sent
+    return at_kill, sent
+
+
+def passed_unseen(settings: Settings, receiver: Receiver) -> list[int]:
+    """Partitions of the deliveries topic where the deliver group committed past records it
+    never delivered although a read_committed reader sees them now; empty unless every call
+    the receiver lacks is such a record. Seen once in CI on tansu 0.6 with router transactions
+    (93 calls: one killed transaction's records, shown to the deliver group's reader only after
+    it had read past them, while the next router restored that transaction's dedupe entries).
+    On Apache Kafka the killed transaction is aborted whole, changelog entries included."""
+    missing = {f"m-{i}" for i in range(CALLS)} - {b["messageId"] for b in receiver.delivered()}
+    codec = Codec.default()
+    where: dict[str, tuple[int, int]] = {}
+    for record in read_topic(settings, topics_for(settings).deliveries):
+        message_id = codec.decode("Delivery", record.value())["messageId"]
+        partition, offset = record.partition(), record.offset()
+        if message_id in missing and partition is not None and offset is not None:
+            where[message_id] = (partition, offset)
+    committed = group_positions(settings, "deliver", topics_for(settings).deliveries)
+    if not missing or set(where) != missing:
+        return []
+    if any(offset >= committed.get(partition, 0) for partition, offset in where.values()):
+        return []
+    return sorted({partition for partition, _ in where.values()})
+
+
+@contextmanager
+def tansu_transaction_faults_expected(settings: Settings, receiver: Receiver) -> Iterator[None]:
+    """``transactions_stall_is_expected`` on the deliveries topic, and the same for records
+    the deliver group was not shown before it read past them (``passed_unseen``)."""
+    with transactions_stall_is_expected(settings, topics_for(settings).deliveries):
+        try:
+            yield
+        except AssertionError:
+            passed = passed_unseen(settings, receiver)
+            if passed:
+                pytest.xfail(
+                    "tansu 0.6 showed the deliver group's read_committed reader the deliveries "
+                    f"topic without records it shows now (partitions {passed}); see "
+                    "docs/decisions.md, Kafka"
+                )
+            raise
 
 
 def test_sigkill_of_the_router_doubles_at_most_one_open_transaction(
@@ -191,10 +233,9 @@ def test_sigkill_of_the_router_doubles_at_most_one_open_transaction(
     receiver_factory: Callable[..., Receiver],
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
-    with transactions_stall_is_expected(settings, topics_for(settings).deliveries):
-        receiver, at_kill, sent = kill_router_mid_stream(
-            settings, receiver_factory, process_factory, TRANSACTIONS_ON
-        )
+    receiver = receiver_factory(delay=RECEIVER_DELAY)
+    with tansu_transaction_faults_expected(settings, receiver):
+        at_kill, sent = kill_router_mid_stream(settings, receiver, process_factory, TRANSACTIONS_ON)
     bound = router_bound()
     duplicates = figures("SIGKILL router (transactions)", receiver, bound, at_kill, sent)
     on_topic = topic_figures(settings)
@@ -213,9 +254,10 @@ def test_sigkill_of_the_router_with_dedupe_routes_no_call_twice(
     id over, knows those calls. On Apache Kafka that transaction is aborted and the calls are
     routed once by the next router; on tansu 0.6 it becomes visible (the bound of the test above)
     and the next router drops their copies as resends. Either way: each call routed once."""
-    with transactions_stall_is_expected(settings, topics_for(settings).deliveries):
-        receiver, at_kill, sent = kill_router_mid_stream(
-            settings, receiver_factory, process_factory, TRANSACTIONS_ON_DEDUPE
+    receiver = receiver_factory(delay=RECEIVER_DELAY)
+    with tansu_transaction_faults_expected(settings, receiver):
+        at_kill, sent = kill_router_mid_stream(
+            settings, receiver, process_factory, TRANSACTIONS_ON_DEDUPE
         )
     duplicates = figures("SIGKILL router (transactions, dedupe)", receiver, 0, at_kill, sent)
     assert topic_figures(settings) == 0
@@ -227,9 +269,8 @@ def test_sigkill_of_the_router_without_transactions_loses_nothing(
     receiver_factory: Callable[..., Receiver],
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
-    receiver, at_kill, sent = kill_router_mid_stream(
-        settings, receiver_factory, process_factory, TRANSACTIONS_OFF
-    )
+    receiver = receiver_factory(delay=RECEIVER_DELAY)
+    at_kill, sent = kill_router_mid_stream(settings, receiver, process_factory, TRANSACTIONS_OFF)
     figures("SIGKILL router (transactions off)", receiver, None, at_kill, sent)
     topic_figures(settings)
     print("  transactions off: no bound; compare with the transactional run")
