@@ -9,9 +9,10 @@ its endpoints, what is in flight, and the time. Pure logic.
   deadline (made even through open circuits, never parked: no record is dead-lettered without a
   last request);
 - ``Park``: its destination cannot take it now, so it waits in a retry tier as it is, undecoded,
-  until it can (``park_reasons``, in the order they are asked: its ``max_in_flight`` taken, every
-  webhook's circuit open, every webhook silent, its first requests unanswered with as many
-  records out as its host has connections, its turn under ``rate_limit`` more than a second off);
+  until it can (``park_reasons``, in the order they are asked: its receiver asked for a pause
+  (``Retry-After``), its ``max_in_flight`` taken, every webhook's circuit open, every webhook
+  silent, its first requests unanswered with as many records out as its host has connections,
+  its turn under ``rate_limit`` more than half a second off);
 - ``Refused``: with parking off, every webhook's circuit is open: the attempt is concluded from
   their refusals without a request (a retry).
 
@@ -59,8 +60,15 @@ IN_FLIGHT_WAIT = 1.0
 #: Parked records wait at least this long (a circuit about to half-open).
 MIN_PARK_WAIT = 1.0
 #: A record whose turn under ``rate_limit`` is further off than this is parked rather than held in
-#: an in-flight slot.
-RATE_WAIT_IN_FLIGHT = 1.0
+#: an in-flight slot (its turn is taken when it is admitted: a turn held is a turn spent here,
+#: whatever the shares of the processes become).
+RATE_WAIT_IN_FLIGHT = 0.5
+#: A record parked for its turn comes back this long before the records held in flight have all
+#: had theirs (the hand-off through a retry tier takes a moment, and the turns must not idle),
+#: and at most ``RATE_PARK_MAX`` after it was parked: the shares of the processes change every
+#: second, and a turn reckoned at a small share would be late at a larger one.
+RATE_PARK_LEAD = 0.25
+RATE_PARK_MAX = 1.0
 #: A silent destination's records wait until its requests out have timed out, this at least.
 SILENT_WAIT = 1.0
 #: A carried probe has been answered this long after the reopening at the latest, past the
@@ -77,6 +85,8 @@ class ParkReason(enum.StrEnum):
     """Every webhook's circuit (or its host's) is open."""
     SILENT = "silent"
     """Every webhook has requests out and answered none lately."""
+    BACK_OFF = "back_off"
+    """Its receiver asked for a pause (429 or 503 with ``Retry-After``)."""
     UNANSWERED = "unanswered"
     """Its first requests are unanswered and its host's connections' worth of records are out."""
     RATE_LIMITED = "rate_limited"
@@ -200,6 +210,8 @@ def _park_reason(
     attempted now."""
     if not limits.parking:
         return None
+    if health.paused_for > 0:
+        return ParkReason.BACK_OFF, max(MIN_PARK_WAIT, health.paused_for)
     if destination.max_in_flight is not None and in_flight >= destination.max_in_flight:
         return ParkReason.IN_FLIGHT, IN_FLIGHT_WAIT
     if health.reopens_in is not None:
@@ -209,5 +221,6 @@ def _park_reason(
     if in_flight >= limits.unanswered and health.unproven:
         return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
     if health.rate_wait > RATE_WAIT_IN_FLIGHT:
-        return ParkReason.RATE_LIMITED, health.rate_wait
+        wait = health.rate_wait - RATE_PARK_LEAD
+        return ParkReason.RATE_LIMITED, min(max(wait, RATE_PARK_LEAD), RATE_PARK_MAX)
     return None

@@ -12,8 +12,11 @@ Kept per webhook URL (an *endpoint*) and per origin (scheme, host and port: a *h
   its next records should not wait behind those requests.
 - **Unproven.** An endpoint whose first requests have been out ``UNPROVEN_AFTER`` without any
   answer yet: nothing says its receiver is there at all.
-- **Pace.** A destination's ``rate_limit`` is the consumer group's; this process sends its share
-  of it (``set_share``), from a token bucket per destination.
+- **Pace.** A destination's ``rate_limit`` (lowered while its receiver answers 429) is the
+  deployment's; this process sends its share of it from a token bucket per destination. The
+  shares, the lowered pace and a ``Retry-After`` pause come from ``pace`` (``PaceBook``), which
+  the delivery processes keep in step through a topic; before any member has reported, the share
+  is the process's share of the partitions (``set_share``).
 
 The sender reports each request (``admit``, ``started``, ``ended``); the delivery handler and the
 router read one ``Health`` snapshot per destination.
@@ -28,6 +31,7 @@ router read one ``Health`` snapshot per destination.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -35,6 +39,7 @@ from urllib.parse import urlsplit
 from pipeline.core.circuit import CircuitBreaker, CircuitState
 from pipeline.core.config import Destination
 from pipeline.core.outcomes import RETRYABLE, Failure, UrlResult
+from pipeline.core.pace import PaceBook
 from pipeline.core.rate_limit import TokenBucket
 from pipeline.core.settings import Settings
 
@@ -72,12 +77,14 @@ class Health:
     ``silence_ends_in``: when every webhook is silent, the time until one answers at the latest
     (its oldest request out times out and its circuit hears of it); ``unproven``: one webhook's
     first requests are out unanswered; ``rate_wait``: how long the next request would wait for
-    its turn under ``rate_limit``."""
+    its turn under ``rate_limit``; ``paused_for``: seconds left of the pause its receiver asked
+    for (``Retry-After``)."""
 
     reopens_in: float | None = None
     silence_ends_in: float | None = None
     unproven: bool = False
     rate_wait: float = 0.0
+    paused_for: float = 0.0
 
 
 def _breaker(settings: Settings) -> CircuitBreaker:
@@ -164,8 +171,15 @@ class EndpointHealth:
     ``clock``: monotonic seconds for silence (the worker's counts only the time its event loop
     was free to read answers: ``pipeline.runtime.awake_clock``)."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        pace: PaceBook | None = None,
+    ) -> None:
         self._settings = settings
+        self.pace = pace or PaceBook(uuid.uuid4().hex[:12])
         self._clock = clock
         self._silent_after = settings.delivery_timeout / 2
         self._endpoints: dict[str, Endpoint] = {}
@@ -247,6 +261,7 @@ class EndpointHealth:
             self._silence_ends_in(destination),
             self._unproven(destination),
             self.rate_wait(destination),
+            self.pace.paused_for(destination.id),
         )
 
     def refusals(self, destination: Destination) -> list[UrlResult] | None:
@@ -314,34 +329,56 @@ class EndpointHealth:
 
     def set_share(self, role: str, share: float) -> None:
         """This process's share of the group's work for ``role`` (the partitions it holds, out
-        of all): a destination's ``rate_limit`` is the group's, and each process sends the mean
-        of its shares of the two delivery roles (a role it does not run counts 0). Each role's
-        shares add up to 1 over the group, so the means do too, however the roles' partitions
-        are spread."""
+        of all): until the members' reports say otherwise, each process sends the mean of its
+        shares of the two delivery roles (a role it does not run counts 0). Each role's shares
+        add up to 1 over the group, so the means do too, however the roles' partitions are
+        spread."""
         self._shares[role] = share
         self._share = sum(self._shares.values()) / len(DELIVERY_ROLES)
 
     def reserve(self, destination: Destination) -> float:
         """Take ``destination``'s next turn: how long to wait for it (0: now, or no limit)."""
-        if destination.rate_limit is None:
+        bucket = self._bucket(destination)
+        if bucket is None:
             return 0.0
-        return self._bucket(destination, destination.rate_limit).reserve()
+        self.pace.taken(destination.id)
+        wait = bucket.reserve()
+        if wait > 0:
+            self.pace.waited(destination.id)
+        return wait
 
     def rate_wait(self, destination: Destination) -> float:
         """How long the next request to ``destination`` would wait for its turn (0: none)."""
-        if destination.rate_limit is None:
+        bucket = self._bucket(destination)
+        if bucket is None:
             return 0.0
-        return self._bucket(destination, destination.rate_limit).waiting()
+        return bucket.waiting()
 
     def rate_of(self, destination: Destination) -> float | None:
         """The requests per second this process sends ``destination`` at most (``None``: no
         limit)."""
-        if destination.rate_limit is None:
-            return None
-        return self._bucket(destination, destination.rate_limit).rate
+        bucket = self._bucket(destination)
+        return None if bucket is None else bucket.rate
 
-    def _bucket(self, destination: Destination, limit: float) -> TokenBucket:
-        rate = limit * max(self._share, MIN_SHARE)
+    def group_rate(self, destination: Destination) -> float | None:
+        """The requests per second the whole deployment sends ``destination`` at most: its
+        ``rate_limit``, or less while its pace is lowered (``None``: no limit)."""
+        limit, lowered = destination.rate_limit, self.pace.pace(destination.id)
+        if lowered is None:
+            return limit
+        return lowered if limit is None else min(limit, lowered)
+
+    def answered(self, destination: Destination, results: list[UrlResult]) -> None:
+        """An attempt's answers, for ``destination``'s pace (429s, ``Retry-After``)."""
+        for result in results:
+            self.pace.answered(destination.id, result.status, result.retry_after)
+
+    def _bucket(self, destination: Destination) -> TokenBucket | None:
+        limit = self.group_rate(destination)
+        if limit is None:
+            return None
+        share = self.pace.share(destination.id, fallback=self._share)
+        rate = limit * max(share, MIN_SHARE)
         bucket = self._buckets.get(destination.id)
         if bucket is None:
             bucket = self._buckets[destination.id] = TokenBucket(rate=rate)

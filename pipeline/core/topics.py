@@ -67,6 +67,12 @@ class Topics:
         """Deletion requests and the sources they notified (compacted, keyed by user id)."""
         return f"{self.prefix}deletion-requests"
 
+    @property
+    def pace(self) -> str:
+        """Each delivery process's word on each destination's pace, every second: its demand,
+        a lowered pace, a pause (compacted, keyed ``<destination>\\0<process>``)."""
+        return f"{self.prefix}pace"
+
     def changelog(self, state: str) -> str:
         """The changelog of a partition state (``dedupe``: the router's memory of the calls it
         routed; ``ordering``: the deliver role's held users), one partition per input

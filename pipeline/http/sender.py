@@ -191,29 +191,43 @@ class WebhookSender:
         return headers
 
     async def attempt(
-        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+        self,
+        destination: Destination,
+        body: bytes,
+        message_id: str = "",
+        *,
+        final: bool = False,
+        turn: float | None = None,
     ) -> list[UrlResult]:
         """POST ``body`` to every webhook of ``destination`` at once, at its turn under its
-        ``rate_limit``.
+        pace (``turn``: taken already, monotonic seconds; ``None``: taken now).
 
         ``final``: the record's last attempt before its deadline; an open circuit does not stop it.
         """
-        wait = self.health.reserve(destination)
+        if turn is None:
+            wait = self.health.reserve(destination)
+        else:
+            wait = turn - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
         signed = self.signed_headers(destination, body, message_id)
         hooks = destination.webhooks
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
-            return [await self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)]
-        return list(
-            await asyncio.gather(
-                *(
-                    self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
-                    for hook in hooks
+            results = [
+                await self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
+            ]
+        else:
+            results = list(
+                await asyncio.gather(
+                    *(
+                        self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
+                        for hook in hooks
+                    )
                 )
             )
-        )
+        self.health.answered(destination, results)
+        return results
 
     def _target(self, url: str) -> _Target:
         """``url``'s target, worked out on first use and remembered."""

@@ -124,6 +124,13 @@ def topic_specs(settings: Settings) -> list[NewTopic]:
         NewTopic(topics.deliveries, settings.partitions, rf),
         NewTopic(topics.dlq, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
         NewTopic(topics.dlq_replays, 1, rf, config={"cleanup.policy": "compact"}),
+        # Reports count for seconds; an hour of them is plenty to read at start.
+        NewTopic(
+            topics.pace,
+            1,
+            rf,
+            config={"cleanup.policy": "compact,delete", "retention.ms": str(3600 * 1000)},
+        ),
         NewTopic(topics.events, 1, rf, config={"retention.ms": str(30 * 86400 * 1000)}),
         NewTopic(
             topics.log,

@@ -41,6 +41,12 @@ class EventKind:
     CIRCUIT_CLOSED = "circuit_closed"
     DESTINATION_DISABLED = "destination_disabled"
     DEAD_LETTERS = "dead_letters"
+    #: A receiver's Retry-After paused a destination (``data``: ``until`` epoch ms, ``status``).
+    DESTINATION_PAUSED = "destination_paused"
+    #: A receiver's 429s lowered a destination's pace (``data``: ``pace``, requests/s).
+    DESTINATION_SLOWED = "destination_slowed"
+    #: A lowered pace is back at the destination's ``rate_limit`` or unlimited.
+    DESTINATION_PACE_RESTORED = "destination_pace_restored"
     #: A person changed the config in the console (``data``: the session and the fields).
     CONSOLE_CHANGE = "console_change"
 

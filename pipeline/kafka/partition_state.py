@@ -92,6 +92,21 @@ def decode_value(value: bytes) -> tuple[int, bytes]:
     return _TIME.unpack_from(value)[0], value[_TIME.size :]
 
 
+def check_topic(settings: Settings, topic: str, what: str, timeout: float = 10.0) -> None:
+    """``StateUnavailable`` unless ``topic`` (``what``: "the pace topic") exists."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from pipeline.kafka.clients import admin_config
+
+    admin = AdminClient(admin_config(settings, lambda _error: None))
+    try:
+        if topic not in admin.list_topics(timeout=timeout).topics:
+            raise StateUnavailable(f"{what} {topic} does not exist: run `pipeline topics create`")
+    except KafkaException as exc:
+        raise StateUnavailable(f"could not list the topics for {what} {topic}: {exc}") from None
+
+
 def check_changelog(settings: Settings, topic: str, timeout: float = 10.0) -> None:
     """``StateUnavailable`` unless ``topic`` exists and is compacted (a changelog that deletes
     by time only would forget a key's latest value)."""

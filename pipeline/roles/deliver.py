@@ -49,10 +49,10 @@ from pipeline.core.suppression import suppressed_by
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.consumer_loop import ConsumedRecord, Progress
-from pipeline.kafka.errors import Headed
+from pipeline.kafka.errors import Produced
 from pipeline.kafka.events import EventEmitter
 from pipeline.kafka.log_batches import LogBatcher, log_batch_records
-from pipeline.kafka.producer import Outgoing, Producing
+from pipeline.kafka.producer import Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_decisions import (
     Concluded,
@@ -323,7 +323,9 @@ class DeliveryHandler:
                 stamped = record
                 if record.first_attempt_at is None:
                     stamped = record.stamped(admission.first_attempt_at, admission.deadline)
-                return Start(stamped, destination, admission.final)
+                # Its turn is taken now, so that the next record's admission counts it.
+                turn = time.monotonic() + self._health.reserve(destination)
+                return Start(stamped, destination, admission.final, turn)
             if isinstance(admission, Park):
                 assert destination is not None
                 message = consumed.message
@@ -421,7 +423,7 @@ class DeliveryHandler:
         record, destination = start.record, start.destination
         try:
             results = await self._sender.attempt(
-                destination, record.body, record.message_id, final=start.final
+                destination, record.body, record.message_id, final=start.final, turn=start.turn
             )
             if self._limits.parking and not start.final and _all_refused(results):
                 # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
@@ -447,7 +449,7 @@ class DeliveryHandler:
             return Concluded(self._hand_offs.internal_error(consumed, record, exc), None, False)
 
     async def finish(
-        self, consumed: ConsumedRecord, out: list[Outgoing | Headed], logged: Logged, loop: Progress
+        self, consumed: ConsumedRecord, out: list[Produced], logged: Logged, loop: Progress
     ) -> None:
         """Produce ``out``, then finish ``consumed`` once the log has ``logged``; nothing if its
         partition was lost meanwhile (its new owner hands the record off)."""
@@ -493,7 +495,7 @@ class DeliveryHandler:
 
     def _parked_alone(
         self, consumed: ConsumedRecord, record: Delivery, destination: Destination
-    ) -> list[Outgoing | Headed]:
+    ) -> list[Produced]:
         """``record`` parked by itself, as it was consumed, if its destination cannot take it
         now ([] if it can, or its final attempt is due)."""
         admission = self.parking.admit(destination, _window(record), time.time())
@@ -531,6 +533,11 @@ class DeliveryHandler:
         """Start what runs beside the records (on the event loop): the sweep of holds."""
         if self._lanes is not None:
             self._lanes.start_sweep(lambda: self._follower.table)
+
+    def owned_place(self, topic: str) -> tuple[str, int] | None:
+        """A partition this handler holds now: of ``topic`` if it holds one, else of any of its
+        topics (the lowest; ``None``: none)."""
+        return min(self._owned, key=lambda tp: (tp[0] != topic, tp), default=None)
 
     def _share_changed(self) -> None:
         """Rate limits are the group's: this process sends its partitions' share of them."""

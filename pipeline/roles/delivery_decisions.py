@@ -10,9 +10,8 @@ from pipeline.core.config import ConfigTable, Destination
 from pipeline.core.outcomes import UrlResult
 from pipeline.core.records import Delivery
 from pipeline.kafka.consumer_loop import ConsumedRecord
-from pipeline.kafka.errors import Headed
+from pipeline.kafka.errors import Produced
 from pipeline.kafka.log_batches import LogRecordValue
-from pipeline.kafka.producer import Outgoing
 
 __all__ = [
     "Logged",
@@ -44,7 +43,13 @@ class Sender(Protocol):
     """What the handler asks of the webhook sender: one attempt."""
 
     async def attempt(
-        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+        self,
+        destination: Destination,
+        body: bytes,
+        message_id: str = "",
+        *,
+        final: bool = False,
+        turn: float | None = None,
     ) -> list[UrlResult]: ...
 
 
@@ -78,7 +83,7 @@ class HandOff(NamedTuple):
     """Decided without a request: produce ``out`` (nothing for a suppressed record), log
     ``logged``, then finish it; ``waits``: it is parked (in a retry tier)."""
 
-    out: list[Outgoing | Headed]
+    out: list[Produced]
     logged: Logged = None
     waits: bool = False
 
@@ -88,11 +93,13 @@ class InLane(NamedTuple):
 
 
 class Start(NamedTuple):
-    """Attempt ``record`` (stamped) at ``destination`` now."""
+    """Attempt ``record`` (stamped) at ``destination`` now, or at ``turn`` (monotonic seconds:
+    its turn under the destination's pace, taken when it was admitted)."""
 
     record: Delivery
     destination: Destination
     final: bool
+    turn: float = 0.0
 
 
 Decision = Skip | Defer | Hold | Split | HandOff | Start | InLane
@@ -102,6 +109,6 @@ class Concluded(NamedTuple):
     """A decided call: what to produce, what to log, and whether it waits in a retry tier (for
     an ordered destination, it then holds its user's later calls back)."""
 
-    out: list[Outgoing | Headed]
+    out: list[Produced]
     logged: Logged
     waits: bool

@@ -15,9 +15,8 @@ from pipeline.core.suppression import SUPPRESSED_REASON
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.consumer_loop import ConsumedRecord
-from pipeline.kafka.errors import Headed
+from pipeline.kafka.errors import Headed, Produced
 from pipeline.kafka.log_batches import Delivered
-from pipeline.kafka.producer import Outgoing
 from pipeline.roles.delivery_decisions import HandOff, LiveConfig, Logged
 from pipeline.roles.delivery_outcomes import DeadLetters, MetricsByDestination, dead_letter_of
 from pipeline.roles.holds import release_record
@@ -75,7 +74,7 @@ class HandOffs:
         finished: float,
         results: Sequence[UrlResult] = (),
         started: float = 0.0,
-    ) -> tuple[list[Outgoing | Headed], Logged]:
+    ) -> tuple[list[Produced], Logged]:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
         request begun at ``started``, if one was made) and its log record; counted."""
         outcome, record = conclusion.outcome, conclusion.delivery
@@ -112,7 +111,8 @@ class HandOffs:
                 record.destination_id,
             )
             topic = self._topics.retry[record.tier]
-            return [(topic, consumed.message.key(), value, [header])], logged
+            retried: Headed = (topic, consumed.message.key(), value, [header])
+            return [retried], logged
         assert conclusion.reason is not None
         released = self.release(consumed, before, "dead_lettered")
         detail = conclusion.detail
@@ -121,9 +121,7 @@ class HandOffs:
         letter = dead_letter_of(conclusion.reason, consumed, delivery=record, detail=detail)
         return [self._dead_letters.record(letter), *released], logged
 
-    def release(
-        self, consumed: ConsumedRecord, record: Delivery, outcome: str
-    ) -> list[Outgoing | Headed]:
+    def release(self, consumed: ConsumedRecord, record: Delivery, outcome: str) -> list[Produced]:
         """The release of ``record``'s user, if ``record`` held it back: it waited in a retry
         tier for an ordered destination, and has its outcome now (``pipeline.roles.ordering``)."""
         if consumed.key[0] == self._topics.deliveries:
@@ -135,7 +133,7 @@ class HandOffs:
 
     def internal_error(
         self, consumed: ConsumedRecord, record: Delivery, exc: Exception
-    ) -> list[Outgoing | Headed]:
+    ) -> list[Produced]:
         """The dead letter of a record a bug stopped (called in the ``except`` block)."""
         log.exception("%s: unexpected error on %s", self._role, record.message_id)
         letter = dead_letter_of(

@@ -48,7 +48,7 @@ from pipeline.core.suppression import SUPPRESSED_REASON
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.consumer_loop import ConsumedRecord, Progress
-from pipeline.kafka.errors import Headed, Outgoing
+from pipeline.kafka.errors import Produced
 from pipeline.kafka.log_batches import LogRecordValue, log_batch_records
 from pipeline.kafka.producer import Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
@@ -97,7 +97,7 @@ class Deliverer(Protocol):
     async def finish(
         self,
         consumed: ConsumedRecord,
-        out: list[Outgoing | Headed],
+        out: list[Produced],
         logged: LogRecordValue | None,
         loop: Progress,
     ) -> None: ...

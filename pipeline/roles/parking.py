@@ -46,10 +46,11 @@ from pipeline.core.admission import (
 )
 from pipeline.core.config import Destination
 from pipeline.core.endpoint_health import EndpointHealth, Health
+from pipeline.core.pace import PaceBook
 from pipeline.core.records import Delivery
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.topics import Topics
-from pipeline.kafka.errors import Headed, Outgoing
+from pipeline.kafka.errors import Headed, Placed, Produced
 
 __all__ = [
     "SCHEDULE_HEADER",
@@ -80,10 +81,13 @@ PARTS_HEADER = "pipeline-parked-parts"
 #: A parked batch carries at most this many bytes of records (Kafka refuses records over 1 MB by
 #: default, ``message.max.bytes``): past it, the next records start another batch.
 MAX_BYTES = 256 * 1024
-#: Why the router parks a fresh record itself: its destination's endpoints are down or hang. A
-#: destination at its in-flight limit or over its rate is decided on arrival, where the records
-#: ahead of it have been counted (the router runs ahead of delivery).
-AT_ROUTING = frozenset({ParkReason.CIRCUIT_OPEN, ParkReason.SILENT, ParkReason.UNANSWERED})
+#: Why the router parks a fresh record itself: its destination's endpoints are down or hang, or
+#: its receiver asked for a pause. A destination at its in-flight limit or over its rate is
+#: decided on arrival, where the records ahead of it have been counted (the router runs ahead of
+#: delivery).
+AT_ROUTING = frozenset(
+    {ParkReason.CIRCUIT_OPEN, ParkReason.SILENT, ParkReason.UNANSWERED, ParkReason.BACK_OFF}
+)
 
 Headers = list[tuple[str, str | bytes | None]]
 #: A parked-record counter (``pipeline_parked_total`` of one destination and reason).
@@ -249,29 +253,53 @@ def _entry(data: bytes, at: int) -> tuple[bytes | None, bytes, int]:
 class ParkPlan(NamedTuple):
     """Where a parked record goes and its schedule header; ``counter``: the count of records
     parked for its destination and reason; ``carries_probe``: it comes back alone (the plan
-    holds for no other record)."""
+    holds for no other record); ``partition``: the tier's partition (``None``: by key)."""
 
     topic: str
     headers: Headers
     counter: Counter
     carries_probe: bool
+    partition: int | None = None
 
-    def parked_record(self, key: bytes | None, value: bytes | None, parts: int = 0) -> Headed:
+    def parked_record(
+        self, key: bytes | None, value: bytes | None, parts: int = 0
+    ) -> Headed | Placed:
         """The record (``key``, ``value``; a batch of ``parts`` records, if any) parked by this
         plan, counted: the same bytes, the plan in a header."""
         self.counter.inc(parts or 1)
-        return (self.topic, key, value, self._headers_of(parts) if parts else self.headers)
+        return self._record(key, value, self._headers_of(parts) if parts else self.headers)
 
-    def batch(self, items: Sequence[tuple[bytes | None, bytes | None, int]]) -> Headed:
+    def batch(self, items: Sequence[tuple[bytes | None, bytes | None, int]]) -> Headed | Placed:
         """One record carrying ``items`` (key, value, parts: 0 for a record alone), counted."""
         if len(items) == 1:
             return self.parked_record(*items[0])
         parts = sum(count or 1 for _, _, count in items)
         self.counter.inc(parts)
-        return (self.topic, items[0][0], packed(items), self._headers_of(parts))
+        return self._record(items[0][0], packed(items), self._headers_of(parts))
+
+    def _record(self, key: bytes | None, value: bytes | None, headers: Headers) -> Headed | Placed:
+        if self.partition is None:
+            return (self.topic, key, value, headers)
+        return (self.topic, key, value, headers, self.partition)
 
     def _headers_of(self, parts: int) -> Headers:
         return [*self.headers, (PARTS_HEADER, b"%d" % parts)]
+
+
+class _Waiting:
+    """The counter of records parked for their turn: they count as waiting in the pace's
+    demand too (``PaceBook.waited``), which sets this process's share of the rate limit."""
+
+    __slots__ = ("_counter", "_pace", "_destination")
+
+    def __init__(self, counter: Counter, pace: PaceBook, destination: str) -> None:
+        self._counter = counter
+        self._pace = pace
+        self._destination = destination
+
+    def inc(self, amount: int = 1) -> None:
+        self._counter.inc(amount)
+        self._pace.waited(self._destination, amount)
 
 
 class Parking:
@@ -299,6 +327,9 @@ class Parking:
         #: Per destination, the reopening of its circuits a parked record comes back for (to
         #: take the probe); its other records come back once the probe has answered.
         self._carriers: dict[str, float] = {}
+        #: A partition of a retry tier that this process's retry role holds, that tier's if it
+        #: can (``None``: none).
+        self.local_place: Callable[[str], tuple[str, int] | None] = lambda _topic: None
 
     def admit(
         self,
@@ -336,12 +367,19 @@ class Parking:
         header = schedule_header(
             park.tier, park.not_before, park.first_attempt_at, park.deadline, destination
         )
-        return ParkPlan(
-            self._retry_topics[park.tier],
-            [header],
-            self._counters(destination, park.reason),
-            park.carries_probe,
-        )
+        topic = self._retry_topics[park.tier]
+        counter = self._counters(destination, park.reason)
+        partition = None
+        if park.reason is ParkReason.RATE_LIMITED:
+            # Records waiting for their turn stay with this process where its retry role holds
+            # a partition of the tier, and count then in its demand (its share of the rate);
+            # else they count where they come back.
+            # (A tier's consumer goes by the schedule header, so any tier serves.)
+            place = self.local_place(topic)
+            if place is not None:
+                topic, partition = place
+                counter = _Waiting(counter, self.health.pace, destination)
+        return ParkPlan(topic, [header], counter, park.carries_probe, partition)
 
     def batch(self, now: float) -> ParkingBatch:
         return ParkingBatch(self, now)
@@ -363,7 +401,7 @@ class _ParkedGroup:
 
     def __init__(self, plan: ParkPlan) -> None:
         self.plan = plan
-        self.out: list[Outgoing | Headed] = []
+        self.out: list[Produced] = []
         self.items: list[tuple[bytes | None, bytes | None, int]] = []
         self.size = 0
 
@@ -418,7 +456,7 @@ class ParkingBatch:
         key: bytes | None,
         value: bytes | None,
         parts: int = 0,
-    ) -> list[Outgoing | Headed]:
+    ) -> list[Produced]:
         """Park (``key``, ``value``: a batch of ``parts``, if any) from ``source`` (its partition)
         as ``park`` says; what its hand-off produces (a list ``close`` fills in for the first
         record of a group). A batch that comes back to carry the probe is split: its first record
@@ -453,7 +491,7 @@ class ParkingBatch:
         key: bytes | None,
         value: bytes | None,
         parts: int,
-    ) -> list[Outgoing | Headed]:
+    ) -> list[Produced]:
         try:
             first_key, first_value, rest = split_first(value)
             next_key, next_value, after = split_first(rest)
@@ -471,7 +509,7 @@ class ParkingBatch:
             else rest_plan.parked_record(next_key, next_value),
         ]
 
-    def close(self) -> list[Headed]:
+    def close(self) -> list[Headed | Placed]:
         """Each group's record, into its first record's hand-off; returned too."""
         made = [group.plan.batch(group.items) for group in self._all]
         for group, record in zip(self._all, made, strict=True):
@@ -499,7 +537,7 @@ class RoutingParker:
         self._batch = batch
         self._destinations = destinations
         self._answers: dict[str, Park | None] = {}
-        self._alone: list[Headed] = []  # the probe's carriers
+        self._alone: list[Headed | Placed] = []  # the probe's carriers
         self.parked = 0
 
     def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
@@ -523,7 +561,7 @@ class RoutingParker:
         self.parked += 1
         return True
 
-    def records(self) -> list[Headed]:
+    def records(self) -> list[Headed | Placed]:
         """The parked records, batched (once, when the batch is routed)."""
         return [*self._alone, *self._batch.close()]
 

@@ -37,7 +37,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec, RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
-from pipeline.kafka.errors import Headed, Produced
+from pipeline.kafka.errors import Headed, Placed, Produced
 from pipeline.kafka.log_batches import LogRecordValue, log_batch_records
 from pipeline.kafka.log_batches import Routed as RoutedRecord
 from pipeline.kafka.partition_state import Changes
@@ -64,7 +64,7 @@ class BatchParker(Protocol):
 
     def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool: ...
 
-    def records(self) -> list[Headed]: ...
+    def records(self) -> list[Headed | Placed]: ...
 
 
 class RouterHandler:

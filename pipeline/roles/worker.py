@@ -19,7 +19,8 @@ from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.consumer_loop import ConsumerLoop
 from pipeline.kafka.deletions import DeletionFollower
-from pipeline.kafka.partition_state import PartitionState, check_changelog
+from pipeline.kafka.events import EventEmitter
+from pipeline.kafka.partition_state import PartitionState, check_changelog, check_topic
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.transactions import PartitionTransactions
@@ -28,6 +29,7 @@ from pipeline.roles.deliver import DeliveryHandler
 from pipeline.roles.holds import RETENTION as ORDERING_RETENTION
 from pipeline.roles.holds import Holds
 from pipeline.roles.log_store import run_log_store
+from pipeline.roles.pace_exchange import PaceExchange
 from pipeline.roles.parking import Parking, RoutingParker
 from pipeline.roles.router import RouterHandler
 
@@ -99,6 +101,8 @@ async def run_roles(
     deletions = DeletionFollower(settings, codec=codec).start() if delivering else None
     producer: AsyncProducer | None = None
     sender: WebhookSender | None = None
+    exchange: PaceExchange | None = None
+    events: EventEmitter | None = None
     try:
         await asyncio.to_thread(follower.wait_ready, 60.0)
         if deletions is not None:
@@ -106,7 +110,12 @@ async def run_roles(
         producer = AsyncProducer(settings)
         loops: list[ConsumerLoop] = []
         if delivering:
+            await asyncio.to_thread(check_topic, settings, topics.pace, "the pace topic")
             sender = await WebhookSender(settings).start()
+            events = EventEmitter(producer, codec, topics.events)
+            exchange = PaceExchange(
+                settings, topics, sender.health, producer, follower, events
+            ).start()
         deliverers: dict[str, DeliveryHandler] = {}
         for role, topics_in in (("deliver", [topics.deliveries]), ("retry", list(topics.retry))):
             if role in roles:
@@ -129,6 +138,10 @@ async def run_roles(
                     holds=holds,
                 )
                 deliverers[role].start()
+        retry = deliverers.get("retry")
+        if retry is not None:  # records waiting for a turn under a rate limit stay here
+            for delivery in deliverers.values():
+                delivery.parking.local_place = retry.owned_place
         if "router" in roles:
             dedupe = await asyncio.to_thread(_dedupe, settings, topics)
             # Delivering here too: records for a destination whose every circuit is open go
@@ -178,6 +191,10 @@ async def run_roles(
             if fatal is not None:
                 raise fatal
     finally:
+        if exchange is not None:
+            await exchange.aclose()
+        if events is not None:
+            await events.aclose()
         if sender is not None:
             await sender.aclose()
         if producer is not None:

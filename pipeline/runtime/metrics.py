@@ -95,7 +95,8 @@ PARKED = Counter(
     "its max_in_flight; silent: its webhooks have requests out and none came back for ten times "
     "their usual answer time (at least 0.25 s); unanswered: its first requests have been out 50 ms "
     "and none of its webhooks has answered yet, and it has as many records out as its host has "
-    "connections; rate_limited: its turn under rate_limit is more than a second away).",
+    "connections; rate_limited: its turn under rate_limit is more than a second away; back_off: its "
+    "receiver asked for a pause with Retry-After).",
     ["destination", "reason"],
 )
 SUPPRESSED = Counter(
@@ -108,6 +109,18 @@ ORDERING_HELD_USERS = Gauge(
     "pipeline_ordering_held_users",
     "Users of an ordered destination whose calls wait behind one of theirs in a retry tier, in "
     "the partitions this worker owns (sum over workers: the destination's held users).",
+    ["destination"],
+)
+DESTINATION_PACE = Gauge(
+    "pipeline_destination_pace",
+    "Requests per second the deployment sends a destination at most: its rate_limit, or the pace "
+    "its 429s lowered it to (no series: no limit).",
+    ["destination"],
+)
+DESTINATION_PAUSED = Gauge(
+    "pipeline_destination_paused_seconds",
+    "Seconds left of the pause a destination's receiver asked for (Retry-After on 429 or 503); "
+    "0: not paused.",
     ["destination"],
 )
 CIRCUITS_OPEN = Gauge(

@@ -84,6 +84,15 @@ def held(port: int) -> dict[str, float]:
     }
 
 
+def backlog_rate(times: list[float]) -> float:
+    """Requests per second while a backlog waits: past the first second (each process starts
+    with a burst of its share) and up to the last tenth of the calls (as the backlog runs out,
+    the last ones wait at the pace of the process that holds them)."""
+    end = times[int(len(times) * 0.9)]
+    steady = [t for t in times if times[0] + 1.0 <= t <= end]
+    return (len(steady) - 1) / (steady[-1] - steady[0])
+
+
 def test_a_rate_limit_holds_for_the_group_across_two_workers(
     settings, receiver_factory, process_factory
 ):
@@ -111,16 +120,11 @@ def test_a_rate_limit_holds_for_the_group_across_two_workers(
 
     wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == calls, timeout=90)
     times = sorted(r.at for r in receiver.requests)
-    # The steady rate: past the first second (each process starts with a burst of its share).
-    steady = [t for t in times if t >= times[0] + 1.0]
-    observed = (len(steady) - 1) / (steady[-1] - steady[0])
+    observed = backlog_rate(times)
     print(f"rate limit {limit:g}/s for the group, two workers: {observed:.1f}/s")
-    # Never over the limit by more than 10 %. Under it is allowed (not starved: at least half): a
-    # process sends at the mean of its deliver and retry shares, which is less than its share of
-    # the traffic when the roles' partitions split unevenly; a record parked for its turn comes
-    # back by retry-tier steps (27-35/s over runs here alone, 23.7/s once in a full suite on
-    # 2 cores: those steps slow down with the machine).
-    assert limit * 0.5 <= observed <= limit * 1.1
+    # Within 10 % either way: the processes split the limit by what each has waiting
+    # (pipeline.core.pace), so an uneven split of the partitions loses no rate.
+    assert limit * 0.9 <= observed <= limit * 1.1
 
 
 def test_operational_events_say_when_a_circuit_opens_and_dead_letters_begin(

@@ -124,8 +124,16 @@ class FakeSender:
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
 
     async def attempt(
-        self, destination: Destination, body: bytes, message_id: str = "", *, final: bool = False
+        self,
+        destination: Destination,
+        body: bytes,
+        message_id: str = "",
+        *,
+        final: bool = False,
+        turn: float | None = None,
     ) -> list[UrlResult]:
+        if turn is not None and turn > time.monotonic():  # its turn under the pace, as sent
+            await asyncio.sleep(turn - time.monotonic())
         self.attempts.append((destination.id, body, message_id, final, time.time()))
         return self.answer(destination)
 

@@ -1,0 +1,348 @@
+"""A destination's pace across the delivery processes of a deployment: their shares of its
+``rate_limit``, the pause its receiver asked for, and the lower pace its 429s call for. Pure
+logic; the clocks are arguments.
+
+Each process (a *member*) counts, per destination, what it sent and what waited for a turn, and
+publishes a ``Report`` every ``INTERVAL`` to a compacted topic that every member follows
+(``pipeline.kafka.pace_exchange``). From the live reports each member works out:
+
+- **Its share** of the group's pace: its *demand* (requests sent plus records that had to wait
+  for a turn, in its last interval) over the sum of every live member's. The shares add up to 1,
+  so with a backlog the receiver sees the whole limit however the partitions are spread; a member
+  with nothing waiting asks for what it sends. With no demand anywhere (or no report yet) each
+  member sends its partitions' share (``fallback``).
+- **A pause**: a 429 or 503 with ``Retry-After`` stops the destination's attempts in every member
+  until then (``RETRY_AFTER_MAX`` at most), as soon as the report reaches them.
+- **A lower pace** (AIMD): a 429 without ``Retry-After`` lowers the group's pace to
+  ``DECREASE`` of what the receiver accepted in the last interval (at most once an interval);
+  each interval without one adds a fixed step (``STEP`` of the lowered pace) until the pace is
+  back at ``rate_limit``, or, for an unlimited destination, at twice the lowered pace. Members
+  adopt the lowest live pace.
+
+    >>> now = [0.0]
+    >>> book = PaceBook("a", wall=lambda: 100.0, clock=lambda: now[0])
+    >>> book.take(b"hooks\\0b", Report(demand=30, at=100.0).encode())
+    >>> for _ in range(10): book.taken("hooks")
+    >>> book.share("hooks", fallback=0.5)   # it has not said what it asks yet
+    0.0
+    >>> now[0] = 1.0; _ = book.tick({"hooks": 40.0})   # 10 in the last second
+    >>> round(book.share("hooks", fallback=0.5), 2)   # 10 of 40 asked
+    0.25
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import orjson
+
+__all__ = [
+    "INTERVAL",
+    "PaceBook",
+    "PaceChange",
+    "Report",
+    "report_key",
+    "split_key",
+]
+
+#: How often a member reports, and how often a lowered pace steps back up.
+INTERVAL = 1.0
+#: A member not heard of for this long (by this member's clock) has left.
+LIVE_FOR = 3.5
+#: A report older than this by its own timestamp is stale, whatever the clock of its reading.
+STALE_AFTER = 60.0
+#: The longest pause a ``Retry-After`` makes.
+RETRY_AFTER_MAX = 3600.0
+#: A 429 lowers the pace to this fraction of what the receiver accepted in the last interval.
+DECREASE = 0.9
+#: Each interval without a 429 raises a lowered pace by this fraction of where it was lowered to.
+STEP = 0.05
+#: The lowest pace a destination is lowered to (requests per second).
+MIN_PACE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One member's word on one destination: ``demand`` (requests sent plus records that waited
+    for a turn) and ``accepted`` (2xx answers) in its last interval; ``pace`` its lowered pace in
+    requests per second (``None``: not lowered); ``paused_until`` (epoch seconds, 0: none);
+    ``at`` when it was made (epoch seconds)."""
+
+    demand: float = 0.0
+    accepted: float = 0.0
+    pace: float | None = None
+    paused_until: float = 0.0
+    at: float = 0.0
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "demand": self.demand,
+                "accepted": self.accepted,
+                "pace": self.pace,
+                "pausedUntil": self.paused_until,
+                "at": self.at,
+            }
+        )
+
+    @classmethod
+    def decode(cls, value: bytes) -> Report:
+        """Raises ``ValueError`` for what is not a report."""
+        try:
+            data = orjson.loads(value)
+            pace = data["pace"]
+            return cls(
+                float(data["demand"]),
+                float(data["accepted"]),
+                None if pace is None else float(pace),
+                float(data["pausedUntil"]),
+                float(data["at"]),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a pace report: {exc}") from None
+
+
+def report_key(destination: str, member: str) -> bytes:
+    return f"{destination}\0{member}".encode()
+
+
+def split_key(key: bytes) -> tuple[str, str] | None:
+    destination, sep, member = key.decode(errors="replace").rpartition("\0")
+    return (destination, member) if sep else None
+
+
+@dataclass(frozen=True, slots=True)
+class PaceChange:
+    """Something this member decided about a destination's pace, for the operational events:
+    ``kind`` ``paused`` (``until``, ``status``), ``slowed`` (``pace``) or ``restored``."""
+
+    destination: str
+    kind: str
+    pace: float | None = None
+    until: float = 0.0
+    status: int | None = None
+
+
+@dataclass(slots=True)
+class _Own:
+    """This member's counts and decisions for one destination."""
+
+    taken: int = 0
+    waited: int = 0
+    accepted: int = 0
+    throttled: bool = False
+    pace: float | None = None
+    step: float = 0.0
+    lowered_to: float = 0.0
+    last_decrease: float = float("-inf")
+    paused_until: float = 0.0
+    #: Since when it has asked without a break (monotonic seconds).
+    asked_since: float = 0.0
+    #: The last interval's figures, as published.
+    report: Report = field(default_factory=Report)
+
+
+@dataclass(slots=True)
+class _Heard:
+    report: Report
+    heard_at: float
+
+
+class PaceBook:
+    """What this member knows of every destination's pace: its own counts, and every member's
+    last report. ``wall``: epoch seconds (pauses, report times); ``clock``: monotonic seconds
+    (liveness, intervals). Used from one thread, except ``take``, which the topic's follower
+    calls: its writes are single dict assignments."""
+
+    def __init__(
+        self,
+        member: str,
+        *,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.member = member
+        self._wall = wall
+        self._clock = clock
+        self._own: dict[str, _Own] = {}
+        self._heard: dict[str, dict[str, _Heard]] = {}
+        self._changes: list[PaceChange] = []
+        self._interval_started = self._last_step = clock()
+
+    def _of(self, destination: str) -> _Own:
+        own = self._own.get(destination)
+        if own is None:
+            own = self._own[destination] = _Own()
+        return own
+
+    # ---- what the sender tells ---------------------------------------------------------------
+
+    def taken(self, destination: str) -> None:
+        """A request to ``destination`` took its turn."""
+        self._of(destination).taken += 1
+
+    def waited(self, destination: str, records: int = 1) -> None:
+        """``records`` of ``destination`` had to wait for their turn (held or parked)."""
+        self._of(destination).waited += records
+
+    def answered(self, destination: str, status: int | None, retry_after: float | None) -> None:
+        """A webhook of ``destination`` answered ``status`` (``retry_after``: the seconds its
+        ``Retry-After`` asked for, on a 429 or 503)."""
+        if status is None:
+            return
+        own = self._of(destination)
+        if 200 <= status < 300:
+            own.accepted += 1
+        elif status in (429, 503) and retry_after is not None:
+            until = self._wall() + min(max(retry_after, 0.0), RETRY_AFTER_MAX)
+            if until > self.paused_until(destination) + 0.5:
+                self._changes.append(PaceChange(destination, "paused", until=until, status=status))
+            own.paused_until = max(own.paused_until, until)
+        elif status == 429:
+            own.throttled = True
+            self._decrease(destination, own)
+
+    def _decrease(self, destination: str, own: _Own) -> None:
+        now = self._clock()
+        if now - own.last_decrease < INTERVAL:
+            return
+        accepted = self._accepted_rate(destination, own, now)
+        current = self.pace(destination)
+        base = accepted if accepted > 0 else (current or own.report.demand or MIN_PACE) / 2
+        if current is not None:
+            base = min(base, current)
+        own.pace = max(MIN_PACE, base * DECREASE)
+        own.lowered_to = own.pace
+        own.step = max(MIN_PACE / 10, own.pace * STEP)
+        own.last_decrease = now
+        self._changes.append(PaceChange(destination, "slowed", pace=own.pace))
+
+    def _accepted_rate(self, destination: str, own: _Own, now: float) -> float:
+        """The group's 2xx answers per second, as of the last reports and this interval."""
+        elapsed = max(now - self._interval_started, 0.1)
+        mine = max(own.accepted / elapsed, own.report.accepted)
+        return mine + sum(r.accepted for m, r in self._live(destination) if m != self.member)
+
+    # ---- what the topic tells ----------------------------------------------------------------
+
+    def take(self, key: bytes | None, value: bytes | None) -> None:
+        """A record of the pace topic (any member's, this one's included: ignored)."""
+        parts = split_key(key or b"")
+        if parts is None or value is None:
+            return
+        destination, member = parts
+        if member == self.member:
+            return
+        try:
+            report = Report.decode(value)
+        except ValueError:
+            return
+        self._heard.setdefault(destination, {})[member] = _Heard(report, self._clock())
+
+    def _live(self, destination: str) -> Iterable[tuple[str, Report]]:
+        now, wall = self._clock(), self._wall()
+        for member, heard in list(self._heard.get(destination, {}).items()):
+            if now - heard.heard_at <= LIVE_FOR and wall - heard.report.at <= STALE_AFTER:
+                yield member, heard.report
+
+    # ---- what the sender asks ----------------------------------------------------------------
+
+    def share(self, destination: str, fallback: float) -> float:
+        """This member's share of ``destination``'s pace: its reported demand over every live
+        member's (the same figures every member sees, so the shares add up to 1). A member that
+        has not reported a demand yet gets nothing while others ask (it asks at its next
+        report), and ``fallback`` when nobody asks."""
+        own = self._own.get(destination)
+        mine = 0.0 if own is None else own.report.demand
+        others = [r.demand for m, r in self._live(destination) if m != self.member]
+        if mine > 0:
+            assert own is not None
+            if not others and self._clock() - own.asked_since < 1.5 * INTERVAL:
+                return fallback  # alone, or the others' first reports are on their way
+            return mine / (mine + sum(others))
+        return 0.0 if sum(others) > 0 else fallback
+
+    def pace(self, destination: str) -> float | None:
+        """The lowest live lowered pace of ``destination`` (requests per second for the whole
+        group; ``None``: not lowered)."""
+        own = self._own.get(destination)
+        paces = [r.pace for _, r in self._live(destination) if r.pace is not None]
+        if own is not None and own.pace is not None:
+            paces.append(own.pace)
+        return min(paces) if paces else None
+
+    def paused_until(self, destination: str) -> float:
+        """When ``destination``'s pause ends (epoch seconds; 0: none), by any member's word,
+        live or not: a pause is a time, not a claim on the present."""
+        own = self._own.get(destination)
+        heard = self._heard.get(destination, {}).values()
+        until = max((h.report.paused_until for h in heard), default=0.0)
+        return max(until, 0.0 if own is None else own.paused_until)
+
+    def paused_for(self, destination: str) -> float:
+        """Seconds left of ``destination``'s pause (0: none)."""
+        return max(0.0, self.paused_until(destination) - self._wall())
+
+    # ---- every interval ----------------------------------------------------------------------
+
+    def tick(self, limits: dict[str, float | None]) -> list[tuple[str, Report]]:
+        """End an interval: the reports to publish (destinations with something to say), each
+        lowered pace adopted from the group and stepped up, and the counts started again.
+        ``limits``: each destination's ``rate_limit`` (a pace reaching it is lifted)."""
+        now, wall = self._clock(), self._wall()
+        elapsed = max(now - self._interval_started, 1e-3)
+        self._interval_started = now
+        # A tick made early (a change to publish at once) steps nothing up.
+        stepping = now - self._last_step >= INTERVAL * 0.9
+        if stepping:
+            self._last_step = now
+        reports = []
+        for destination, own in list(self._own.items()):
+            group = self.pace(destination)
+            if group is not None and (own.pace is None or group < own.pace):
+                own.pace = own.lowered_to = group  # adopted: step up from the group's
+                own.step = max(MIN_PACE / 10, group * STEP)
+            elif own.pace is not None and not own.throttled and stepping:
+                self._step_up(destination, own, limits.get(destination))
+            report = Report(
+                demand=(own.taken + own.waited) / elapsed,
+                accepted=own.accepted / elapsed,
+                pace=own.pace,
+                paused_until=own.paused_until if own.paused_until > wall else 0.0,
+                at=wall,
+            )
+            if report.demand and not own.report.demand:
+                own.asked_since = now
+            # A demand that ended is said once (0), so that the others take its share at once.
+            said = own.report.demand or report.demand or report.pace is not None
+            own.report = report
+            own.taken = own.waited = own.accepted = 0
+            if stepping:
+                own.throttled = False
+            if said or report.paused_until:
+                reports.append((destination, report))
+            elif destination not in limits:
+                del self._own[destination]  # gone from the config, and nothing to say
+        return reports
+
+    def _step_up(self, destination: str, own: _Own, limit: float | None) -> None:
+        assert own.pace is not None
+        own.pace += own.step
+        top = limit if limit is not None else 2 * own.lowered_to
+        if own.pace >= top:
+            own.pace = None
+            self._changes.append(PaceChange(destination, "restored", pace=limit))
+
+    def pending(self) -> bool:
+        """Is there a change to publish at once (a pause, a lowered pace)?"""
+        return bool(self._changes)
+
+    def changes(self) -> list[PaceChange]:
+        """What this member decided since the last call (for the operational events)."""
+        changes, self._changes = self._changes, []
+        return changes
+
+    def destinations(self) -> list[str]:
+        return list(self._own)

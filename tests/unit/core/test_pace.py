@@ -1,0 +1,241 @@
+"""A destination's pace across processes (``pipeline.core.pace``): shares, pauses, AIMD."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.config import Destination
+from pipeline.core.endpoint_health import EndpointHealth
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.pace import (
+    DECREASE,
+    INTERVAL,
+    LIVE_FOR,
+    MIN_PACE,
+    RETRY_AFTER_MAX,
+    STEP,
+    PaceBook,
+    Report,
+    report_key,
+)
+from pipeline.core.settings import Settings
+
+WALL = 1_800_000_000.0
+
+
+class Clocks:
+    """A wall clock and a monotonic clock a test moves together."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def wall(self) -> float:
+        return WALL + self.now
+
+    def mono(self) -> float:
+        return self.now
+
+
+def book(member: str = "a") -> tuple[PaceBook, Clocks]:
+    clocks = Clocks()
+    return PaceBook(member, wall=clocks.wall, clock=clocks.mono), clocks
+
+
+def hear(to: PaceBook, clocks: Clocks, member: str, **fields: float | None) -> None:
+    to.take(report_key("hooks", member), Report(at=clocks.wall(), **fields).encode())  # type: ignore[arg-type]
+
+
+def ask(pace: PaceBook, clocks: Clocks, taken: int, waited: int = 0) -> None:
+    """One interval in which this member took ``taken`` turns and had ``waited`` records wait."""
+    for _ in range(taken):
+        pace.taken("hooks")
+    pace.waited("hooks", waited)
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 40.0})
+
+
+# ---- shares --------------------------------------------------------------------------------------
+
+
+def test_with_nobody_asking_a_member_sends_its_partitions_share() -> None:
+    pace, _ = book()
+    assert pace.share("hooks", fallback=0.4) == 0.4
+
+
+def test_the_shares_follow_what_each_member_asks_and_add_up_to_one() -> None:
+    a, clocks = book("a")
+    b = PaceBook("b", wall=clocks.wall, clock=clocks.mono)
+    for _ in range(3):  # a asks 30/s, b 10/s; each hears the other
+        for member, (taken, waited) in ((a, (20, 10)), (b, (5, 5))):
+            for _ in range(taken):
+                member.taken("hooks")
+            member.waited("hooks", waited)
+        clocks.now += INTERVAL
+        for member in (a, b):
+            [(_, report)] = member.tick({"hooks": 40.0})
+            (b if member is a else a).take(report_key("hooks", member.member), report.encode())
+    assert a.share("hooks", 0.5) == pytest.approx(0.75)
+    assert b.share("hooks", 0.5) == pytest.approx(0.25)
+
+
+def test_a_member_that_has_not_asked_yet_gets_nothing_while_others_ask() -> None:
+    pace, clocks = book()
+    hear(pace, clocks, "b", demand=30.0)
+    assert pace.share("hooks", fallback=0.5) == 0.0  # it asks at its next report
+
+
+def test_a_member_alone_gets_all_once_the_others_first_reports_had_time_to_come() -> None:
+    pace, clocks = book()
+    ask(pace, clocks, 10)
+    assert pace.share("hooks", fallback=0.5) == 0.5  # the others may be starting too
+    ask(pace, clocks, 10)
+    clocks.now += 0.6  # 1.5 intervals since its first report: nobody else asks
+    assert pace.share("hooks", fallback=0.5) == 1.0
+
+
+def test_a_demand_that_ended_is_said_once_so_the_others_take_its_share() -> None:
+    pace, clocks = book()
+    ask(pace, clocks, 10)
+    clocks.now += INTERVAL
+    [(destination, report)] = pace.tick({"hooks": 40.0})
+    assert (destination, report.demand) == ("hooks", 0.0)
+    clocks.now += INTERVAL
+    assert pace.tick({"hooks": 40.0}) == []  # then nothing more to say
+
+
+def test_a_member_not_heard_for_a_while_has_left() -> None:
+    pace, clocks = book()
+    ask(pace, clocks, 10)
+    ask(pace, clocks, 10)
+    hear(pace, clocks, "b", demand=30.0)
+    assert pace.share("hooks", 0.5) == pytest.approx(0.25)
+    clocks.now += LIVE_FOR + 0.1
+    assert pace.share("hooks", 0.5) == 1.0
+
+
+def test_a_report_that_is_not_one_is_ignored() -> None:
+    pace, clocks = book()
+    pace.take(report_key("hooks", "b"), b"{not json")
+    pace.take(b"no-separator", Report(demand=5.0, at=clocks.wall()).encode())
+    assert pace.share("hooks", 0.5) == 0.5
+    assert Report.decode(Report(1.0, 2.0, 3.0, 4.0, 5.0).encode()) == Report(
+        1.0, 2.0, 3.0, 4.0, 5.0
+    )
+    with pytest.raises(ValueError, match="not a pace report"):
+        Report.decode(b'{"demand": 1}')
+
+
+# ---- pauses --------------------------------------------------------------------------------------
+
+
+def test_retry_after_pauses_the_destination_and_tells_the_others() -> None:
+    pace, clocks = book()
+    pace.answered("hooks", 429, 30.0)
+    assert pace.paused_for("hooks") == pytest.approx(30.0)
+    [change] = pace.changes()
+    assert (change.kind, change.status, change.until) == ("paused", 429, WALL + 30.0)
+    clocks.now += INTERVAL
+    [(_, report)] = pace.tick({"hooks": None})
+    assert report.paused_until == WALL + 30.0
+    other = PaceBook("b", wall=clocks.wall, clock=clocks.mono)
+    other.take(report_key("hooks", "a"), report.encode())
+    assert other.paused_for("hooks") == pytest.approx(29.0)
+
+
+def test_a_pause_outlives_the_member_that_asked_for_it() -> None:
+    pace, clocks = book()
+    hear(pace, clocks, "b", paused_until=WALL + 60.0)
+    clocks.now += LIVE_FOR * 4  # b is gone; its pause is a time, and still holds
+    assert pace.paused_for("hooks") == pytest.approx(60.0 - LIVE_FOR * 4)
+
+
+def test_a_pause_is_never_longer_than_an_hour_and_503_pauses_too() -> None:
+    pace, _ = book()
+    pace.answered("hooks", 503, 86_400.0)
+    assert pace.paused_for("hooks") == RETRY_AFTER_MAX
+
+
+# ---- a lowered pace ------------------------------------------------------------------------------
+
+
+def test_429_without_retry_after_lowers_the_pace_below_what_was_accepted() -> None:
+    pace, clocks = book()
+    for _ in range(100):
+        pace.answered("hooks", 200, None)
+    clocks.now += INTERVAL
+    pace.tick({"hooks": None})  # 100 accepted in the last second
+    pace.answered("hooks", 429, None)
+    assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
+    [change] = pace.changes()
+    assert change.kind == "slowed" and change.pace == pytest.approx(100 * DECREASE)
+    pace.answered("hooks", 429, None)  # at most once an interval
+    assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
+
+
+def test_a_lowered_pace_steps_back_up_to_the_limit_and_is_lifted() -> None:
+    pace, clocks = book()
+    for _ in range(20):
+        pace.answered("hooks", 200, None)
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 20.0})
+    pace.answered("hooks", 429, None)
+    lowered = pace.pace("hooks")
+    assert lowered is not None and lowered == pytest.approx(20 * DECREASE)
+    pace.changes()
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 20.0})  # the interval of the 429 does not step up
+    assert pace.pace("hooks") == pytest.approx(lowered)
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 20.0})
+    assert pace.pace("hooks") == pytest.approx(lowered * (1 + STEP))  # a fixed step
+    for _ in range(10):
+        clocks.now += INTERVAL
+        pace.tick({"hooks": 20.0})
+    assert pace.pace("hooks") is None
+    assert [c.kind for c in pace.changes()] == ["restored"]
+
+
+def test_an_unlimited_destinations_pace_is_lifted_at_twice_where_it_was_lowered() -> None:
+    pace, clocks = book()
+    pace.answered("hooks", 429, None)  # nothing accepted yet: the floor
+    assert pace.pace("hooks") == MIN_PACE
+    steps = 0
+    while pace.pace("hooks") is not None and steps < 100:
+        clocks.now += INTERVAL
+        pace.tick({"hooks": None})
+        steps += 1
+    assert 10 <= steps <= 30
+
+
+def test_members_adopt_the_lowest_live_pace() -> None:
+    pace, clocks = book()
+    ask(pace, clocks, 5)
+    hear(pace, clocks, "b", demand=5.0, pace=12.0)
+    assert pace.pace("hooks") == 12.0
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 40.0})
+    clocks.now += LIVE_FOR + 0.1  # b is gone; a goes on from the pace it adopted
+    assert pace.pace("hooks") == pytest.approx(12.0)
+
+
+# ---- what the sender sees ------------------------------------------------------------------------
+
+
+HOOKS = Destination.model_validate(
+    {"id": "hooks", "sources": ["s"], "webhooks": [{"url": "https://a.example/"}], "rate_limit": 40}
+)
+
+
+def test_the_bucket_follows_the_lowered_pace_and_the_share() -> None:
+    clocks = Clocks()
+    pace = PaceBook("a", wall=clocks.wall, clock=clocks.mono)
+    health = EndpointHealth(Settings(), clock=clocks.mono, pace=pace)
+    health.set_share("deliver", 1.0)
+    health.set_share("retry", 1.0)
+    assert health.rate_of(HOOKS) == 40.0
+    health.answered(HOOKS, [UrlResult("https://a.example/", 429, Failure.RATE_LIMITED)])
+    assert health.group_rate(HOOKS) == MIN_PACE and health.rate_of(HOOKS) == MIN_PACE
+    health.answered(
+        HOOKS, [UrlResult("https://a.example/", 503, Failure.SERVER_ERROR, retry_after=20.0)]
+    )
+    assert health.snapshot(HOOKS).paused_for == pytest.approx(20.0)
