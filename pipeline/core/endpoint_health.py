@@ -239,6 +239,8 @@ class EndpointHealth:
         failure = result.failure
         if failure is None:
             endpoint.breaker.record(ok=True)
+        elif failure is Failure.RATE_LIMITED:
+            pass  # "slow down" is answered by the pace (``answered``), not by the circuit
         elif failure in RETRYABLE:
             endpoint.breaker.record(ok=False)
         host = endpoint.host
