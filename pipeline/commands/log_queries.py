@@ -25,6 +25,7 @@ from pipeline.store import LOG_STATES
 
 if TYPE_CHECKING:
     from pipeline.core.held_users import HeldUsers
+    from pipeline.core.pace import PaceView
 
 __all__ = ["register", "run"]
 
@@ -175,15 +176,16 @@ def _log(args: argparse.Namespace, settings: Settings) -> int:
 
 def _stats(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.timestamps import now_ms
-    from pipeline.store.format import HELD_UNKNOWN, format_held_users, format_stats
+    from pipeline.store.format import HELD_UNKNOWN, format_held_users, format_stats, safe
 
     since, until = _window(args)
     with _open(settings) as store:
         rows = store.stats(since or 0, until)
     held = _held_users(settings)
+    paces = _paces(settings) if held is not None else None
     now = now_ms()
     if args.json:
-        _print_stats_json(rows, held)
+        _print_stats_json(rows, held, paces or {})
         if held is None:
             print(f"stats: {HELD_UNKNOWN}", file=sys.stderr)
         return 0
@@ -191,12 +193,28 @@ def _stats(args: argparse.Namespace, settings: Settings) -> int:
         print(format_stats(rows))
     else:
         print("stats: no deliveries in that window", file=sys.stderr)
-    held_lines = format_held_users(held, now)
-    if held_lines:
+    lines = format_held_users(held, now)
+    for destination, view in sorted((paces or {}).items()):
+        said = view.text(now / 1000)
+        if said is not None:
+            lines.append(f"{safe(destination, 40)}: {said}")
+    if lines:
         if rows:
             print()
-        print("\n".join(held_lines))
+        print("\n".join(lines))
     return 0
+
+
+def _paces(settings: Settings) -> dict[str, PaceView] | None:
+    """Lowered paces and pauses per destination (``pipeline.ops.pace``), from Kafka."""
+    from pipeline.core.exceptions import BrokerUnavailable
+    from pipeline.ops.pace import pace_views
+
+    try:
+        return pace_views(settings)
+    except BrokerUnavailable as exc:
+        log.debug("stats: paces unknown: %s", exc)
+        return None
 
 
 def _held_users(settings: Settings) -> dict[str, HeldUsers] | None:
@@ -212,11 +230,14 @@ def _held_users(settings: Settings) -> dict[str, HeldUsers] | None:
         return None
 
 
-def _print_stats_json(rows: list[Any], held: dict[str, HeldUsers] | None) -> None:
-    """Each row with its destination's held users (``held_users`` ``null``: unknown), and a row
-    for each destination with held users but nothing in the window."""
+def _print_stats_json(
+    rows: list[Any], held: dict[str, HeldUsers] | None, paces: dict[str, PaceView]
+) -> None:
+    """Each row with its destination's held users (``held_users`` ``null``: unknown) and pace
+    (``pace``: a lowered pace, requests/s; ``paused_until``: a receiver's pause), and a row for
+    each destination with held users or a pace but nothing in the window."""
     from pipeline.store import DestinationStats
-    from pipeline.store.format import held_users_json
+    from pipeline.store.format import held_users_json, iso
 
     seen = {row.destination for row in rows}
     idle = [
@@ -234,10 +255,15 @@ def _print_stats_json(rows: list[Any], held: dict[str, HeldUsers] | None) -> Non
             waiting=0,
             dead_lettered=0,
         )
-        for d in sorted(held or {})
+        for d in sorted({*(held or {}), *paces})
         if d not in seen
     ]
     for row in [*rows, *idle]:
         found = None if held is None else held.get(row.destination)
         line = {**row.as_json(), **held_users_json(found, known=held is not None)}
+        view = paces.get(row.destination)
+        line["pace"] = None if view is None else view.pace
+        line["paused_until"] = (
+            iso(int(view.paused_until * 1000)) if view and view.paused_until else None
+        )
         print(orjson.dumps(line).decode())

@@ -32,6 +32,7 @@ publishes a ``Report`` every ``INTERVAL`` to a compacted topic that every member
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "INTERVAL",
     "PaceBook",
     "PaceChange",
+    "PaceView",
     "Report",
     "report_key",
     "split_key",
@@ -123,6 +125,31 @@ class PaceChange:
     pace: float | None = None
     until: float = 0.0
     status: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PaceView:
+    """What the deployment says of a destination's pace now: ``pace``, the pace its 429s
+    lowered it to (requests per second for the whole deployment; ``None``: not lowered);
+    ``paused_until``: the end of the pause its receiver asked for (epoch seconds; 0: none)."""
+
+    pace: float | None = None
+    paused_until: float = 0.0
+
+    def text(self, now: float) -> str | None:
+        """A line for people (``None``: nothing to say).
+
+        >>> PaceView(12.34).text(0.0)
+        'pace lowered to 12.3/s after 429 answers'
+        >>> PaceView(None, 90.0).text(0.0)
+        'paused until 1970-01-01 00:01:30 UTC (its receiver asked, Retry-After)'
+        """
+        if self.paused_until > now:
+            until = datetime.datetime.fromtimestamp(self.paused_until, datetime.UTC)
+            return f"paused until {until:%Y-%m-%d %H:%M:%S} UTC (its receiver asked, Retry-After)"
+        if self.pace is not None:
+            return f"pace lowered to {self.pace:.1f}/s after 429 answers"
+        return None
 
 
 @dataclass(slots=True)
@@ -338,6 +365,9 @@ class PaceBook:
     def pending(self) -> bool:
         """Is there a change to publish at once (a pause, a lowered pace)?"""
         return bool(self._changes)
+
+    def view(self, destination: str) -> PaceView:
+        return PaceView(self.pace(destination), self.paused_until(destination))
 
     def changes(self) -> list[PaceChange]:
         """What this member decided since the last call (for the operational events)."""

@@ -24,6 +24,7 @@ __all__ = [
     "format_stats",
     "format_trace",
     "held_users_json",
+    "iso",
     "safe",
 ]
 

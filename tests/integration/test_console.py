@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 from confluent_kafka import Producer
 
+from pipeline.core.pace import Report, report_key
 from pipeline.core.settings import Settings
 from pipeline.core.signing import sign
 from pipeline.http.console import make_console_app
@@ -415,6 +416,37 @@ def test_an_ordered_destination_shows_its_held_users(page: Any, pipeline: Pipeli
     page.goto("/destinations/hooks")
     expect(page.locator("h1")).to_contain_text("Destination hooks")
     assert page.locator("#held-users").count() == 0
+
+
+def test_a_destination_page_shows_its_pace(page: Any, pipeline: Pipeline):
+    """A pause reported to the pace topic (by hand, as a worker reports it) shows on the
+    destination's page; a rate limit shows while nothing lowers it."""
+    dest = f"paced-{uuid.uuid4().hex[:6]}"
+    login(page, "/destinations/new")
+    page.fill("input[name=id]", dest)
+    page.check("input[name=source][value=jobs]")
+    page.fill("#url_0", pipeline.receivers["hooks"].url + "/" + dest)
+    page.fill("input[name=rate_limit]", "25")
+    page.click("#save")
+    page.wait_for_url(re.compile(rf"/destinations/{dest}$"))
+    pace = page.locator("#pace")
+    expect(pace).to_have_text("Pace: 25/s (its rate_limit, for all workers)")
+    until = time.time() + 600
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers})
+    report = Report(demand=3.0, paused_until=until, at=time.time())
+    producer.produce(
+        topics_for(pipeline.settings).pace, key=report_key(dest, "w1"), value=report.encode()
+    )
+    assert producer.flush(10) == 0
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until))
+    wanted = f"Pace: paused until {shown} UTC (its receiver asked, Retry-After)"
+
+    def paused() -> bool:
+        page.reload()
+        return bool(pace.inner_text() == wanted)
+
+    wait_for(paused, timeout=30)
+    screenshot(page, "destination-paused")
 
 
 # ---- sources and the schema page ----------------------------------------------------------------

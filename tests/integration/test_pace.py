@@ -11,14 +11,20 @@ import threading
 import time
 from typing import Any
 
+import orjson
+from confluent_kafka import Producer
+
+from pipeline.core.pace import Report, report_key
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.topic_reader import read_topic
+from pipeline.ops.pace import pace_views
 from pipeline.runtime.net import free_port
 from tests.integration.test_isolation import backlog_rate, held
 from tests.support import (
     Stderr,
     apply,
+    run_cli,
     send_calls,
     simple_config,
     try_scrape,
@@ -174,3 +180,44 @@ def test_429s_without_retry_after_lower_the_pace_to_what_the_receiver_takes(
     # Unpaced, each retry wave would be refused but for 20 a second; paced, rarely.
     assert refused <= 0.2 * len(late)
     assert operational_events(settings, "destination_slowed")
+
+
+def produce_reports(settings: Any, reports: list[tuple[str, str, Report]]) -> None:
+    """Hand-made pace reports (destination, member, report), as the workers write them."""
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    for destination, member, report in reports:
+        producer.produce(
+            topics_for(settings).pace, key=report_key(destination, member), value=report.encode()
+        )
+    assert producer.flush(10) == 0
+
+
+def test_stats_shows_paused_and_slowed_destinations(settings) -> None:
+    now = time.time()
+    until = now + 600
+    produce_reports(
+        settings,
+        [
+            ("hooks", "w1", Report(demand=5.0, paused_until=until, at=now)),
+            ("crm", "w1", Report(demand=5.0, pace=30.0, at=now)),
+            ("crm", "w2", Report(demand=5.0, pace=12.5, at=now)),  # the lowest live pace
+            ("idle", "w1", Report(demand=5.0, at=now)),  # nothing to say
+            ("old", "w1", Report(demand=5.0, pace=3.0, at=now - 3600)),  # long gone
+        ],
+    )
+    wait_for(lambda: set(pace_views(settings)) == {"hooks", "crm"}, timeout=30)
+    text = run_cli(settings, "stats")
+    assert text.returncode == 0, text.stderr
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until))
+    assert text.stdout.splitlines() == [
+        "crm: pace lowered to 12.5/s after 429 answers",
+        f"hooks: paused until {shown} UTC (its receiver asked, Retry-After)",
+    ]
+    result = run_cli(settings, "stats", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["destination"]: row for row in map(orjson.loads, result.stdout.splitlines())}
+    assert (rows["crm"]["pace"], rows["crm"]["paused_until"]) == (12.5, None)
+    assert rows["hooks"]["pace"] is None
+    assert rows["hooks"]["paused_until"].startswith(
+        time.strftime("%Y-%m-%dT%H:%M", time.gmtime(until))
+    )

@@ -30,6 +30,7 @@ from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.ops.dlq import DlqFilter, ReplaySummary, replay_dead_letters
 from pipeline.ops.ordering import HeldUsersFollower
+from pipeline.ops.pace import PaceFollower
 from pipeline.store import LogStore, open_store
 
 __all__ = ["Console", "ReplayJob"]
@@ -68,6 +69,7 @@ class Console:
         self.config = ConfigFollower(settings)
         self.events = EventLog(settings)
         self.held = HeldUsersFollower(settings)
+        self.pace = PaceFollower(settings)
         self.sender = WebhookSender(settings)
         self.jobs: dict[str, ReplayJob] = {}
         #: Held around every read-change-write of the config, so that two saves (two clicks,
@@ -83,6 +85,7 @@ class Console:
         self.config.start()
         self.events.start()
         self.held.start()
+        self.pace.start()
         await self.sender.start()
         self._producer = AsyncProducer(self.settings)
         self._emitter = EventEmitter(
@@ -99,6 +102,7 @@ class Console:
         self.config.stop()
         self.events.stop()
         self.held.stop()
+        self.pace.stop()
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
 

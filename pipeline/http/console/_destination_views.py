@@ -6,6 +6,7 @@ and its toggle.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,13 @@ class DestinationViews(Views):
             if dest is not None
             else None
         )
+        pace_line = None
+        if dest is not None:
+            said = self.console.pace.of(dest.id).text(time.time())
+            if said is not None:
+                pace_line = f"Pace: {said}"
+            elif dest.rate_limit is not None:
+                pace_line = f"Pace: {dest.rate_limit:g}/s (its rate_limit, for all workers)"
         return self._page(
             request,
             "destination.html",
@@ -145,6 +153,7 @@ class DestinationViews(Views):
             events=events,
             origin=origin,
             held_line=held_line,
+            pace_line=pace_line,
         )
 
     async def destination(self, request: web.Request) -> web.Response:
