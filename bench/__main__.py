@@ -56,6 +56,9 @@ Sections (the issue's numbering):
     against the same unordered; and with one user's calls answered 503 for 30 s, the other 999
     users' deliveries/s against the same calls without the failing user (same run, alternated;
     ``bench.ordering``).
+14. A destination's pace: ``rate_limit`` 20/s and 200/s with 1 and 2 worker processes, delivered
+    ÷ limit while a backlog lasts; a receiver that admits 100/s and answers 429 beyond, from 30 s
+    on: accepted/s and the share answered 429 (``bench.pace``).
 """
 
 from __future__ import annotations
@@ -970,6 +973,12 @@ def section_ordering(bench: Bench) -> None:
     run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
 
 
+def section_pace(bench: Bench) -> None:
+    from .pace import section_pace as run
+
+    run(bench, row=Row, fmt=fmt, median=median, log=log)
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -982,6 +991,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "11": section_many,
     "12": section_dedupe,
     "13": section_ordering,
+    "14": section_pace,
 }
 
 

@@ -50,12 +50,15 @@ class Receiver:
         log: bool = False,
         fail_user: str = "",
         fail_for: float = 30.0,
+        admit: int = 0,
     ) -> None:
         command = [sys.executable, "-m", "bench._receiver", "--mode", mode, "--delay", str(delay)]
         if log:
             command.append("--log")
         if fail_user:  # 503 to each user of this userId prefix for fail_for s (see _receiver)
             command += ["--fail-user", fail_user, "--fail-for", str(fail_for)]
+        if admit:  # 429 past this many a second (see _receiver)
+            command += ["--admit", str(admit)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         _STARTED.append(self)
         assert self.process.stdout is not None

@@ -5,6 +5,7 @@
     python -m bench._receiver --mode hang              # reads the request, never answers
     python -m bench._receiver --mode fail-first        # 500 to a messageId's first attempt, then 200
     python -m bench._receiver --fail-user slow --fail-for 30   # 503 to each user "slow…" for 30 s
+    python -m bench._receiver --admit 100              # 429 (no Retry-After) past 100 a second
 
 Prints its port on the first line of stdout. ``GET /__stats`` answers JSON (requests, answered
 2xx, first/last 2xx time); ``GET /__reset`` zeroes the counters; ``GET /__arrivals`` returns every
@@ -16,6 +17,9 @@ users' requests are left out of ``/__stats`` (its figures are the other users');
 answers how many were refused and ``[userId, messageId, epoch seconds]`` of each answered 200, in
 the order answered (kept across ``/__reset``, as each user's window is).
 
+``--admit N``: at most N requests are answered 2xx in any second (a sliding window); the others
+get 429 without ``Retry-After`` and count in ``/__stats`` as ``throttled``, not as answered.
+
 Why not aiohttp.web: a single-process aiohttp server answered ~5,000 req/s here and was the
 bottleneck of the first end-to-end benchmark. This responder does the least an HTTP/1.1 server
 must (keep-alive, Content-Length bodies), so the client side is what gets measured. The same
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import socket
 import sys
 import time
@@ -35,6 +40,7 @@ import orjson
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 _FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail"
 _UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nfail"
+_TOO_MANY = b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 4\r\n\r\nslow"
 _MESSAGE_ID = b'"messageId":"'
 _USER_ID = b'"userId":"'
 
@@ -53,6 +59,9 @@ class Stats:
     def reset(self) -> None:
         self.requests = 0
         self.answered = 0
+        self.throttled = 0
+        #: ``--admit``: when the requests admitted in the last second were (monotonic).
+        self.admitted: collections.deque[float] = collections.deque()
         self.first = 0.0
         self.last = 0.0
 
@@ -61,6 +70,7 @@ class Stats:
             {
                 "requests": self.requests,
                 "answered": self.answered,
+                "throttled": self.throttled,
                 "first": self.first,
                 "last": self.last,
             }
@@ -131,6 +141,10 @@ class Responder(asyncio.Protocol):
         if mode == "hang":
             return
         answer = _FAIL if mode == "fail" else _OK
+        if self.args.admit and answer is _OK and not self.admit():
+            stats.throttled += 1
+            self.transport.write(_TOO_MANY)
+            return
         if mode == "fail-first" or self.args.log:
             at = body.find(_MESSAGE_ID)
             message_id = ""
@@ -153,6 +167,16 @@ class Responder(asyncio.Protocol):
             self.loop.call_later(self.args.delay, self._write, answer)
         else:
             self.transport.write(answer)
+
+    def admit(self) -> bool:
+        """``--admit``: room in the last second's window (taken if so)?"""
+        window, now = self.stats.admitted, time.monotonic()
+        while window and now - window[0] >= 1.0:
+            window.popleft()
+        if len(window) >= self.args.admit:
+            return False
+        window.append(now)
+        return True
 
     def failing(self, body: bytes) -> bool:
         """Answer a failing user's request (``--fail-user``); ``False``: not a failing user's."""
@@ -204,6 +228,7 @@ def main() -> None:
     parser.add_argument(
         "--fail-for", type=float, default=30.0, help="seconds from a failing user's first request"
     )
+    parser.add_argument("--admit", type=int, default=0, help="2xx at most this many a second")
     args = parser.parse_args()
     try:
         asyncio.run(serve(args))

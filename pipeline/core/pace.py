@@ -270,7 +270,7 @@ class PaceBook:
 
     def _live(self, destination: str) -> Iterable[tuple[str, Report]]:
         now, wall = self._clock(), self._wall()
-        for member, heard in list(self._heard.get(destination, {}).items()):
+        for member, heard in list(self._heard.get(destination, {}).items()):  # a copy, as above
             if now - heard.heard_at <= LIVE_FOR and wall - heard.report.at <= STALE_AFTER:
                 yield member, heard.report
 
@@ -304,7 +304,7 @@ class PaceBook:
         """When ``destination``'s pause ends (epoch seconds; 0: none), by any member's word,
         live or not: a pause is a time, not a claim on the present."""
         own = self._own.get(destination)
-        heard = self._heard.get(destination, {}).values()
+        heard = list(self._heard.get(destination, {}).values())  # a copy: ``take``'s thread
         until = max((h.report.paused_until for h in heard), default=0.0)
         return max(until, 0.0 if own is None else own.paused_until)
 

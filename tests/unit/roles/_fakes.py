@@ -118,10 +118,12 @@ class FakeFollower:
 
 @dataclass
 class FakeSender:
-    """Answers every attempt with ``answer(destination)``; records what was asked."""
+    """Answers every attempt with ``answer(destination)``, ``delay`` seconds after it started;
+    records what was asked."""
 
     answer: Callable[[Destination], list[UrlResult]]
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
+    delay: float = 0.0
 
     async def attempt(
         self,
@@ -135,6 +137,8 @@ class FakeSender:
         if turn is not None and turn > time.monotonic():  # its turn under the pace, as sent
             await asyncio.sleep(turn - time.monotonic())
         self.attempts.append((destination.id, body, message_id, final, time.time()))
+        if self.delay:
+            await asyncio.sleep(self.delay)
         return self.answer(destination)
 
 

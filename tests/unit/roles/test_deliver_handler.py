@@ -395,25 +395,6 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     assert logged(producer) == []  # not an attempt
 
 
-class SlowSender(FakeSender):
-    """Answers every attempt after 50 ms: its records stay in flight meanwhile."""
-
-    async def attempt(
-        self,
-        destination: Destination,
-        body: bytes,
-        message_id: str = "",
-        *,
-        final: bool = False,
-        turn: float | None = None,
-    ) -> list[UrlResult]:
-        if turn is not None and turn > time.monotonic():  # its turn under the pace, as sent
-            await asyncio.sleep(turn - time.monotonic())
-        self.attempts.append((destination.id, body, message_id, final, time.time()))
-        await asyncio.sleep(0.05)
-        return self.answer(destination)
-
-
 class Counting(EndpointHealth):
     """Counts the snapshots asked of it (one per admission made, not kept)."""
 
@@ -761,7 +742,7 @@ def test_a_destination_at_its_max_in_flight_parks_the_rest() -> None:
             Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], max_in_flight=1),
         ],
     )
-    sender = SlowSender(lambda d: [OK])
+    sender = FakeSender(lambda d: [OK], delay=0.05)  # its records stay in flight 50 ms
     values = [encoded(delivery()._replace(message_id=f"m{i}")) for i in range(3)]
     batch = [taken(TOPICS.deliveries, v, key=b"hooks/u1", offset=i) for i, v in enumerate(values)]
     _, loop, producer, _ = run([], sender, table=table, batch=batch)
@@ -778,7 +759,7 @@ def test_a_destination_whose_first_requests_go_unanswered_takes_its_hosts_connec
 ) -> None:
     # A new endpoint that hangs would otherwise fill every in-flight slot with records waiting
     # behind its first requests, and its healthy neighbours would wait with them.
-    sender = SlowSender(lambda d: [OK])
+    sender = FakeSender(lambda d: [OK], delay=0.05)  # its records stay in flight 50 ms
     clock = Clock()
     settings = Settings(max_connections_per_host=2)
     health = health_of(settings, clock)
