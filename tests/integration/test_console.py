@@ -17,7 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -353,17 +353,28 @@ def test_a_sixth_webhook_is_refused_next_to_the_field(page: Any, pipeline: Pipel
     screenshot(page, "destination-errors")
 
 
-def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipeline):
+def create_destination(
+    page: Any, pipeline: Pipeline, dest: str, more: Callable[[], None] = lambda: None
+) -> None:
+    """Create ``dest`` through the console's form (source ``jobs``, one webhook), ``more``
+    filling in the rest, and wait for its page."""
     login(page, "/destinations/new")
-    page.fill("input[name=id]", "created")
+    page.fill("input[name=id]", dest)
     page.check("input[name=source][value=jobs]")
-    page.fill("#url_0", pipeline.receivers["hooks"].url + "/created")
-    page.check("input[name=secret_action][value=set]")
-    page.fill("input[name=secret]", "s3cret-value")
-    page.fill("input[name=retry_delays]", "5s, 1m")
-    page.fill("input[name=rate_limit]", "25")
+    page.fill("#url_0", pipeline.receivers["hooks"].url + "/" + dest)
+    more()
     page.click("#save")
-    page.wait_for_url(re.compile(r"/destinations/created$"))
+    page.wait_for_url(re.compile(rf"/destinations/{dest}$"))
+
+
+def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipeline):
+    def policy() -> None:
+        page.check("input[name=secret_action][value=set]")
+        page.fill("input[name=secret]", "s3cret-value")
+        page.fill("input[name=retry_delays]", "5s, 1m")
+        page.fill("input[name=rate_limit]", "25")
+
+    create_destination(page, pipeline, "created", policy)
     expect(page.locator("#secret-state")).to_have_text("set")
     assert "s3cret-value" not in page.content()
     created = load_table(pipeline.settings).destinations["created"]
@@ -383,13 +394,7 @@ def test_an_ordered_destination_shows_its_held_users(page: Any, pipeline: Pipeli
     """Holds written to the ordering changelog (by hand, as the deliver role writes them) show
     on the destination's page, counted, with the oldest; an unordered destination has no line."""
     dest = f"ordered-{uuid.uuid4().hex[:6]}"
-    login(page, "/destinations/new")
-    page.fill("input[name=id]", dest)
-    page.check("input[name=source][value=jobs]")
-    page.fill("#url_0", pipeline.receivers["hooks"].url + "/" + dest)
-    page.select_option("#ordering", "per_user")
-    page.click("#save")
-    page.wait_for_url(re.compile(rf"/destinations/{dest}$"))
+    create_destination(page, pipeline, dest, lambda: page.select_option("#ordering", "per_user"))
     held = page.locator("#held-users")
     expect(held).to_have_text("Held users: 0")
     now = int(time.time() * 1000)
@@ -422,13 +427,7 @@ def test_a_destination_page_shows_its_pace(page: Any, pipeline: Pipeline):
     """A pause reported to the pace topic (by hand, as a worker reports it) shows on the
     destination's page; a rate limit shows while nothing lowers it."""
     dest = f"paced-{uuid.uuid4().hex[:6]}"
-    login(page, "/destinations/new")
-    page.fill("input[name=id]", dest)
-    page.check("input[name=source][value=jobs]")
-    page.fill("#url_0", pipeline.receivers["hooks"].url + "/" + dest)
-    page.fill("input[name=rate_limit]", "25")
-    page.click("#save")
-    page.wait_for_url(re.compile(rf"/destinations/{dest}$"))
+    create_destination(page, pipeline, dest, lambda: page.fill("input[name=rate_limit]", "25"))
     pace = page.locator("#pace")
     expect(pace).to_have_text("Pace: 25/s (its rate_limit, for all workers)")
     until = time.time() + 600
