@@ -92,8 +92,13 @@ def decode_value(value: bytes) -> tuple[int, bytes]:
     return _TIME.unpack_from(value)[0], value[_TIME.size :]
 
 
-def check_topic(settings: Settings, topic: str, what: str, timeout: float = 10.0) -> None:
-    """``StateUnavailable`` unless ``topic`` (``what``: "the pace topic") exists."""
+#: What makes a missing topic.
+_FIX = "run `pipeline topics create`"
+
+
+def _existing(settings: Settings, topic: str, what: str, timeout: float) -> Any:
+    """An admin client, once ``topic`` (``what``: "the pace topic") is known to exist;
+    ``StateUnavailable`` if it does not, or the topics cannot be listed."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -101,25 +106,27 @@ def check_topic(settings: Settings, topic: str, what: str, timeout: float = 10.0
 
     admin = AdminClient(admin_config(settings, lambda _error: None))
     try:
-        if topic not in admin.list_topics(timeout=timeout).topics:
-            raise StateUnavailable(f"{what} {topic} does not exist: run `pipeline topics create`")
+        found = topic in admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
         raise StateUnavailable(f"could not list the topics for {what} {topic}: {exc}") from None
+    if not found:
+        raise StateUnavailable(f"{what} {topic} does not exist: {_FIX}")
+    return admin
+
+
+def check_topic(settings: Settings, topic: str, what: str, timeout: float = 10.0) -> None:
+    """``StateUnavailable`` unless ``topic`` (``what``: "the pace topic") exists."""
+    _existing(settings, topic, what, timeout)
 
 
 def check_changelog(settings: Settings, topic: str, timeout: float = 10.0) -> None:
     """``StateUnavailable`` unless ``topic`` exists and is compacted (a changelog that deletes
     by time only would forget a key's latest value)."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
-    from pipeline.kafka.clients import admin_config
-
-    admin = AdminClient(admin_config(settings, lambda _error: None))
-    fix = "run `pipeline topics create`"
+    admin = _existing(settings, topic, "the changelog topic", timeout)
     try:
-        if topic not in admin.list_topics(timeout=timeout).topics:
-            raise StateUnavailable(f"the changelog topic {topic} does not exist: {fix}")
         resource = ConfigResource("TOPIC", topic)
         configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
     except KafkaException as exc:
@@ -129,7 +136,7 @@ def check_changelog(settings: Settings, topic: str, timeout: float = 10.0) -> No
     if "compact" not in policy.split(","):
         raise StateUnavailable(
             f"the changelog topic {topic} has cleanup.policy={policy}; a changelog must be "
-            f"compacted (cleanup.policy=compact,delete): alter it, or delete it and {fix}"
+            f"compacted (cleanup.policy=compact,delete): alter it, or delete it and {_FIX}"
         )
 
 
