@@ -93,13 +93,13 @@ class InLane(NamedTuple):
 
 
 class Start(NamedTuple):
-    """Attempt ``record`` (stamped) at ``destination`` now, or at ``turn`` (monotonic seconds:
-    its turn under the destination's pace, taken when it was admitted)."""
+    """Attempt ``record`` (stamped) at ``destination`` at ``turn`` (monotonic seconds: its turn
+    under the destination's pace, taken when it was admitted)."""
 
     record: Delivery
     destination: Destination
     final: bool
-    turn: float = 0.0
+    turn: float
 
 
 Decision = Skip | Defer | Hold | Split | HandOff | Start | InLane
