@@ -50,6 +50,7 @@ __all__ = [
     "ParkReason",
     "Refused",
     "Reject",
+    "WAITS_BY_CHOICE",
     "Window",
     "admit",
 ]
@@ -93,9 +94,16 @@ class ParkReason(enum.StrEnum):
     """Its turn under ``rate_limit`` is more than a second off."""
 
 
+#: Waits its owner or its receiver chose (a ``rate_limit``, a ``max_in_flight``, a
+#: ``Retry-After``), not failures: they do not start a never-attempted record's retry window, so
+#: a backlog longer than the window drains at the chosen pace rather than have its final attempts
+#: break it (or be dead-lettered). A failure's wait (an open circuit, silence) starts it.
+WAITS_BY_CHOICE = frozenset({ParkReason.BACK_OFF, ParkReason.IN_FLIGHT, ParkReason.RATE_LIMITED})
+
+
 class Window(NamedTuple):
     """A record's retry window, epoch ms: when its first attempt was and its deadline (``None``:
-    never attempted; the window starts when it is first attempted or parked)."""
+    never attempted; the window starts when it is first attempted or parked for a failure)."""
 
     first_attempt_at: int | None
     deadline: int | None
@@ -115,13 +123,15 @@ class Attempt(NamedTuple):
 
 class Park(NamedTuple):
     """Wait in retry tier ``tier`` until ``not_before`` (epoch ms), the retry window carried
-    along; ``carries_probe``: it comes back alone, to carry the probe of a reopening circuit."""
+    along (``None``: a record never attempted that waits by choice, ``WAITS_BY_CHOICE``: its
+    clock has not started); ``carries_probe``: it comes back alone, to carry the probe of a
+    reopening circuit."""
 
     reason: ParkReason
     tier: int
     not_before: int
-    first_attempt_at: int
-    deadline: int
+    first_attempt_at: int | None
+    deadline: int | None
     carries_probe: bool = False
 
 
@@ -195,6 +205,8 @@ def admit(
                 wait += limits.probe_answered
         parked = park(first, deadline, schedule, now, wait)
         if parked is not None:
+            if window.first_attempt_at is None and reason in WAITS_BY_CHOICE:
+                return Park(reason, parked.tier, parked.not_before, None, None)
             return Park(
                 reason, parked.tier, parked.not_before, first, deadline, carries_probe=carries
             )

@@ -45,10 +45,22 @@ class TokenBucket:
 
     def adjust(self, rate: float) -> None:
         """A new rate (a process's share changed), keeping the tokens taken: a new bucket would
-        start with a full burst, and every rebalance would let one through."""
+        start with a full burst, and every rebalance would let one through. Turns reserved
+        ahead keep their times: the next one comes after them at the new rate (a debt kept in
+        tokens would have stretched them, 100-fold at a share falling to its floor, and
+        parked every record of the destination for minutes).
+
+        >>> now = [0.0]
+        >>> bucket = TokenBucket(rate=10.0, burst=1.0, clock=lambda: now[0])
+        >>> _ = [bucket.reserve() for _ in range(6)]   # reserved half a second ahead
+        >>> bucket.adjust(0.1); round(bucket.waiting(), 2)   # half a second, then 10 s
+        10.5
+        """
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
         self._updated = now
+        if self._tokens < 0:
+            self._tokens = self._tokens / self.rate * rate  # the same seconds ahead
         self.rate = rate
         self.burst = max(1.0, rate)
         self._tokens = min(self._tokens, self.burst)

@@ -106,8 +106,8 @@ class HandOffs:
             header = schedule_header(
                 record.tier,
                 record.not_before,
-                record.first_attempt_at or 0,
-                record.deadline or 0,
+                record.first_attempt_at,
+                record.deadline,
                 record.destination_id,
             )
             topic = self._topics.retry[record.tier]

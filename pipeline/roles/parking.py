@@ -110,7 +110,8 @@ class Schedule(NamedTuple):
 
     @property
     def window(self) -> Window:
-        return Window(self.first_attempt_at, self.deadline)
+        """Its retry window (0 in the header: not started, ``admission.WAITS_BY_CHOICE``)."""
+        return Window(self.first_attempt_at or None, self.deadline or None)
 
     def header(self) -> tuple[str, bytes]:
         return schedule_header(
@@ -122,15 +123,19 @@ class Schedule(NamedTuple):
         return record._replace(
             tier=self.tier,
             not_before=self.not_before,
-            first_attempt_at=self.first_attempt_at,
-            deadline=self.deadline,
+            first_attempt_at=self.first_attempt_at or None,
+            deadline=self.deadline or None,
         )
 
 
 def schedule_header(
-    tier: int, not_before: int, first_attempt_at: int, deadline: int, destination: str
+    tier: int,
+    not_before: int,
+    first_attempt_at: int | None,
+    deadline: int | None,
+    destination: str,
 ) -> tuple[str, bytes]:
-    value = f"{tier} {not_before} {first_attempt_at} {deadline} {destination}"
+    value = f"{tier} {not_before} {first_attempt_at or 0} {deadline or 0} {destination}"
     return (SCHEDULE_HEADER, value.encode())
 
 

@@ -79,13 +79,19 @@ CASES: list[tuple[str, Any, Health, int, Window, float, Limits, Any]] = [
     ("unproven with room left", HOOKS, Health(unproven=True), 99, FRESH, T0, LIMITS,
      Attempt(T0_MS, DEADLINE_MS, final=False)),
     # It comes back within a second (the shares may have changed), and a little before its turn
-    # when that is sooner, while the records held in flight still have theirs.
+    # when that is sooner, while the records held in flight still have theirs. A wait by choice
+    # (a rate limit, max_in_flight, a Retry-After) leaves a fresh record's window unstarted.
     ("its turn far off", HOOKS, Health(rate_wait=4.0), 0, FRESH, T0, LIMITS,
-     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 1_000, T0_MS, DEADLINE_MS)),
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 1_000, None, None)),
+    ("its turn far off, attempted before: its window kept", HOOKS, Health(rate_wait=4.0), 0,
+     STAMPED, T0 + 70, LIMITS,
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 71_000, T0_MS, DEADLINE_MS)),
     ("its turn a little off", HOOKS, Health(rate_wait=0.75), 0, FRESH, T0, LIMITS,
-     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, T0_MS, DEADLINE_MS)),
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)),
     ("its receiver asked for a pause", HOOKS, Health(paused_for=30.0), 0, FRESH, T0, LIMITS,
-     Park(ParkReason.BACK_OFF, 1, T0_MS + 30_000, T0_MS, DEADLINE_MS)),
+     Park(ParkReason.BACK_OFF, 1, T0_MS + 30_000, None, None)),
+    ("max_in_flight taken, never attempted", LIMITED, HEALTHY, 2, FRESH, T0, LIMITS,
+     Park(ParkReason.IN_FLIGHT, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), None, None)),
     ("its turn near: attempted (it waits in flight)", HOOKS,
      Health(rate_wait=RATE_WAIT_IN_FLIGHT), 0, FRESH, T0, LIMITS,
      Attempt(T0_MS, DEADLINE_MS, final=False)),

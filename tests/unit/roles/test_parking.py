@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.roles.parking import PARTS_HEADER, entry_size, packed, unpacked
+from pipeline.core.admission import Window
+from pipeline.roles.parking import (
+    PARTS_HEADER,
+    PartMessage,
+    Schedule,
+    entry_size,
+    packed,
+    schedule_header,
+    schedule_of,
+    unpacked,
+)
 
 _RECORDS = st.lists(
     st.tuples(st.none() | st.binary(max_size=40), st.binary(max_size=300)), min_size=1, max_size=20
@@ -48,3 +58,13 @@ def test_batches_join_as_they_are(
 def test_a_value_that_is_not_a_batch_is_refused_with_the_reason(value: bytes, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         unpacked(value, [])
+
+
+def test_a_schedule_reads_back_with_its_window_started_or_not() -> None:
+    """A record waiting by choice (``WAITS_BY_CHOICE``) has no window yet: 0 in the header, and
+    ``None`` again when read (a 0 read as a window would have dead-lettered it at once)."""
+    unstarted = schedule_of(PartMessage(b"k", b"v", [schedule_header(0, 5, None, None, "hooks")]))
+    assert unstarted is not None and unstarted.window == Window(None, None)
+    assert unstarted.header() == schedule_header(0, 5, None, None, "hooks")
+    started = schedule_of(PartMessage(b"k", b"v", [schedule_header(1, 5, 3, 9, "hooks")]))
+    assert started == Schedule(1, 5, 3, 9, "hooks") and started.window == Window(3, 9)
