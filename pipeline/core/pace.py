@@ -388,5 +388,6 @@ class PaceBook:
         changes, self._changes = self._changes, []
         return changes
 
-    def destinations(self) -> list[str]:
-        return list(self._own)
+    def destinations(self) -> set[str]:
+        """Every destination it counts for, or has heard a report of."""
+        return {*self._own, *list(self._heard)}  # a copy of the keys: ``take``'s thread

@@ -12,7 +12,7 @@ import threading
 
 from confluent_kafka import Message
 
-from pipeline.core.pace import PaceBook, PaceView, split_key
+from pipeline.core.pace import PaceBook, PaceView
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.topic_reader import TopicFollower, read_topic
@@ -27,13 +27,9 @@ def pace_views(settings: Settings) -> dict[str, PaceView]:
     """Each destination with something to say (a lowered pace, a pause), as last reported.
     Raises ``BrokerUnavailable`` when the topic cannot be read."""
     book = PaceBook(_READER)
-    destinations = set()
     for message in read_topic(settings, topics_for(settings).pace):
         book.take(message.key(), message.value())
-        found = split_key(message.key() or b"")
-        if found is not None:
-            destinations.add(found[0])
-    views = {d: book.view(d) for d in destinations}
+    views = {d: book.view(d) for d in book.destinations()}
     return {d: v for d, v in views.items() if v.pace is not None or v.paused_until > 0}
 
 

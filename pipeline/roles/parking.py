@@ -120,11 +120,12 @@ class Schedule(NamedTuple):
 
     def applied_to(self, record: Delivery) -> Delivery:
         """The decoded ``record`` with this schedule (the value's own fields are not read)."""
+        first_attempt_at, deadline = self.window
         return record._replace(
             tier=self.tier,
             not_before=self.not_before,
-            first_attempt_at=self.first_attempt_at or None,
-            deadline=self.deadline or None,
+            first_attempt_at=first_attempt_at,
+            deadline=deadline,
         )
 
 
