@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 import orjson
 
 __all__ = [
-    "EARLY_REPORT",
-    "FIRST_REPORTS",
     "INTERVAL",
     "PaceBook",
     "PaceChange",
@@ -65,11 +63,6 @@ DECREASE = 0.9
 STEP = 0.05
 #: The lowest pace a destination is lowered to (requests per second).
 MIN_PACE = 1.0
-#: A demand that starts is reported once it has been counted this long (not at the interval's
-#: end), and a member that asks alone sends its partitions' share this long after its first
-#: report: the others' demands that start with its own (a rebalance) are reported by then.
-EARLY_REPORT = 0.2
-FIRST_REPORTS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,13 +280,13 @@ class PaceBook:
         """This member's share of ``destination``'s pace: its reported demand over every live
         member's (the same figures every member sees, so the shares add up to 1). A member that
         has not reported a demand yet gets nothing while others ask (it asks at its next
-        report, ``pending``), and ``fallback`` when nobody asks."""
+        report), and ``fallback`` when nobody asks."""
         own = self._own.get(destination)
         mine = 0.0 if own is None else own.report.demand
         others = [r.demand for m, r in self._live(destination) if m != self.member]
         if mine > 0:
             assert own is not None
-            if not others and self._clock() - own.asked_since < FIRST_REPORTS:
+            if not others and self._clock() - own.asked_since < 1.5 * INTERVAL:
                 return fallback  # alone, or the others' first reports are on their way
             return mine / (mine + sum(others))
         return 0.0 if sum(others) > 0 else fallback
@@ -370,15 +363,8 @@ class PaceBook:
             self._changes.append(PaceChange(destination, "restored", pace=limit))
 
     def pending(self) -> bool:
-        """Is there something to publish at once: a change (a pause, a lowered pace), or a
-        demand that starts (the member gets no share while others ask until it has said it
-        asks; a record that waited a whole interval for that cost a second of its share at each
-        rebalance)? A demand is reckoned over ``EARLY_REPORT`` at least."""
-        if self._changes:
-            return True
-        if self._clock() - self._interval_started < EARLY_REPORT:
-            return False
-        return any(o.taken + o.waited and not o.report.demand for o in self._own.values())
+        """Is there a change to publish at once (a pause, a lowered pace)?"""
+        return bool(self._changes)
 
     def view(self, destination: str) -> PaceView:
         return PaceView(self.pace(destination), self.paused_until(destination))
