@@ -274,6 +274,8 @@ def _duration(seconds: float | None) -> str | None:
 
 def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
     """One destination with the config file's keys, durations as text (``10s``, ``4h``)."""
+    from pipeline.core.config import batch_data
+
     return {
         "id": d.id,
         "name": d.name,
@@ -295,6 +297,7 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "rate_limit": d.rate_limit,
         "disable_after": _duration(d.disable_after),
         "ordering": d.ordering.value,
+        "batch": None if d.batch is None else batch_data(d.batch),
         "disabled_reason": d.disabled_reason,
         "disabled_at": d.disabled_at,
     }
@@ -302,7 +305,8 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
 
 def _policy_line(d: dict[str, Any]) -> str:
     """``retry 10s,1m,5m deadline 4h; max in flight 200; rate limit 50/s; disable after 24h``,
-    then ``; ordering per_user`` when the ordering is not the default (``none``)."""
+    then ``; ordering per_user`` when the ordering is not the default (``none``), and
+    ``; batches of 100 / 500KB / 1s`` when calls go in batches."""
     from pipeline.core.config import Ordering
 
     retry = d["retry"] or {}
@@ -310,9 +314,15 @@ def _policy_line(d: dict[str, Any]) -> str:
     deadline = retry.get("deadline") or "default"
     rate = "-" if d["rate_limit"] is None else f"{d['rate_limit']:g}/s"
     ordering = "" if d["ordering"] == Ordering.NONE else f"; ordering {d['ordering']}"
+    batch = d["batch"]
+    batches = (
+        ""
+        if batch is None
+        else f"; batches of {batch['max_events']} / {batch['max_bytes']} / {batch['max_wait']}"
+    )
     return (
         f"retry {delays} deadline {deadline}; max in flight {d['max_in_flight'] or '-'}; "
-        f"rate limit {rate}; disable after {d['disable_after'] or '-'}{ordering}"
+        f"rate limit {rate}; disable after {d['disable_after'] or '-'}{ordering}{batches}"
     )
 
 

@@ -21,6 +21,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         rate_limit: 50                  # optional; requests/s over the whole delivery group
         disable_after: 24h              # optional; auto-disable after failing every attempt this long
         ordering: per_user              # optional; none (the default) or per_user (see Ordering)
+        batch: {max_events: 100, max_bytes: 500KB, max_wait: 1s}   # optional; see Batch
 
 Durations are ``500ms``, ``10s``, ``5m``, ``4h``, ``7d`` or a number of seconds, and are kept as
 float seconds.
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ByteSize,
     ConfigDict,
     Field,
     ValidationError,
@@ -56,6 +58,7 @@ from pipeline.core.exceptions import ConfigError
 __all__ = [
     "shown_write_key",
     "Source",
+    "Batch",
     "Destination",
     "Ordering",
     "Webhook",
@@ -65,6 +68,8 @@ __all__ = [
     "ConfigTable",
     "validate_config",
     "config_data",
+    "batch_data",
+    "bytes_text",
     "MAX_WEBHOOKS",
     "MAX_RETRY_DELAYS",
 ]
@@ -87,6 +92,10 @@ MAX_URL_CHARS = 2048
 MAX_HEADER_VALUE_CHARS = 8192
 MAX_RETRY_DELAYS = 20
 MAX_IN_FLIGHT = 100_000
+#: A batch's limits: at most this many calls, and this many bytes (a receiver's request limit).
+MAX_BATCH_EVENTS = 1000
+MIN_BATCH_BYTES = 1024
+MAX_BATCH_BYTES = 5_000_000
 _MINUTE = 60.0
 _DAY = 86_400.0
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -225,6 +234,27 @@ class RetryPolicy(_Model):
     deadline: RetryDeadline | None = None
 
 
+BatchWait = Annotated[float, BeforeValidator(DurationRange(0.01, _MINUTE))]
+
+
+class Batch(_Model):
+    """Calls sent in batches (``batch`` in the config file): one POST carries a JSON array of up
+    to ``max_events`` calls' bodies and at most ``max_bytes`` bytes (a call bigger than that on
+    its own goes alone, in an array of one), sent once it is full or ``max_wait`` seconds after
+    its first call was gathered.
+
+        Batch(max_events=100, max_bytes="500KB", max_wait="1s")
+    """
+
+    max_events: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH_EVENTS)] = 100
+    #: Bytes (``500KB``, ``1MB``, ``64KiB`` or a number of bytes), 1KB..5MB.
+    max_bytes: Annotated[ByteSize, Field(ge=MIN_BATCH_BYTES, le=MAX_BATCH_BYTES)] = ByteSize(
+        500_000
+    )
+    #: Seconds (``250ms``, ``1s``), 10ms..1m.
+    max_wait: BatchWait = 1.0
+
+
 class Ordering(enum.StrEnum):
     """In what order a destination receives calls (``ordering`` in the config file)."""
 
@@ -265,6 +295,8 @@ class Destination(_Model):
     disable_after: DisableAfter | None = None
     #: ``per_user``: each user's calls are delivered in the order the router received them.
     ordering: Ordering = Ordering.NONE
+    #: Send calls in batches (a JSON array a request); ``None``: one call a request.
+    batch: Batch | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)
     #: Set by the pipeline when it auto-disables the destination (accepted in YAML so that an
     #: exported config applies unchanged): why, and when (epoch milliseconds).
@@ -288,6 +320,24 @@ class Destination(_Model):
     def _signing_needs_secret(self) -> Destination:
         if self.standard_webhooks and not self.shared_secret:
             raise ValueError("standard_webhooks needs a shared_secret to sign with")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> Destination:
+        batch = self.batch
+        if batch is None:
+            return self
+        if self.ordered:
+            raise ValueError(
+                "batch cannot be combined with ordering: per_user (a batch is retried whole, "
+                "which would hold back every user it carries); choose one"
+            )
+        if self.max_in_flight is not None and self.max_in_flight < batch.max_events:
+            raise ValueError(
+                f"max_in_flight ({self.max_in_flight}) is under batch.max_events "
+                f"({batch.max_events}): a batch could never fill; raise max_in_flight or "
+                "lower max_events"
+            )
         return self
 
 
@@ -345,6 +395,8 @@ def _message(error: Mapping[str, Any]) -> str:
         return f"must be {ctx.get('expected')}, got {error.get('input')!r}"
     if kind == "missing":
         return "is required"
+    if kind == "byte_size":
+        return f"must be a size such as 500KB, 1MB or a number of bytes, got {error.get('input')!r}"
     if kind == "string_pattern_mismatch":
         return (
             "must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
@@ -505,10 +557,33 @@ def _destination_data(dest: Destination) -> dict[str, Any]:
             if dest.disable_after is None
             else _duration_text(dest.disable_after),
             "ordering": None if dest.ordering is Ordering.NONE else dest.ordering.value,
+            "batch": None if dest.batch is None else batch_data(dest.batch),
             "disabled_reason": dest.disabled_reason,
             "disabled_at": dest.disabled_at,
         }
     )
+
+
+def batch_data(batch: Batch) -> dict[str, Any]:
+    """``batch`` as the config file writes it: ``{max_events: 100, max_bytes: 500KB,
+    max_wait: 1s}`` (every field, so the file says what the batches are)."""
+    return {
+        "max_events": int(batch.max_events),
+        "max_bytes": bytes_text(batch.max_bytes),
+        "max_wait": _duration_text(batch.max_wait),
+    }
+
+
+def bytes_text(size: int) -> str | int:
+    """``500KB``, ``1MB``: the shortest decimal text for ``size`` bytes, else the number.
+
+    >>> bytes_text(500_000), bytes_text(2_000_000), bytes_text(1536)
+    ('500KB', '2MB', 1536)
+    """
+    for unit, factor in (("MB", 1_000_000), ("KB", 1000)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return int(size)  # a plain int: ``ByteSize`` is one, and yaml.safe_dump refuses it
 
 
 def _duration_text(seconds: float) -> str | float:

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.config import ConfigTable, Destination, Ordering, Source, config_data
+from pipeline.core.config import (
+    ConfigTable,
+    Destination,
+    Ordering,
+    Source,
+    batch_data,
+    config_data,
+)
 from pipeline.core.durations import HOUR_MS
 from pipeline.core.held_users import HeldUsers
 
@@ -85,7 +92,9 @@ def destination_data(
     ``url_N`` / ``headers_N`` per webhook row, ``secret_action`` (``keep``, ``set``, ``clear``)
     with ``secret``, and the policy: ``retry_delays`` (``10s, 1m``), ``retry_deadline``,
     ``max_in_flight``, ``rate_limit``, ``disable_after``; an empty policy field means the global
-    setting; ``ordering`` (``none``, ``per_user``; left out: the current one's).
+    setting; ``ordering`` (``none``, ``per_user``; left out: the current one's); ``batch``
+    (``on``, ``off``; left out: the current batch) with ``batch_max_events``,
+    ``batch_max_bytes`` and ``batch_max_wait`` (empty: the batch's default).
     ``sources`` are the ticked source ids. Rows without a URL are left out (that is how a
     webhook is removed). ``FormError`` for a value that is not even the file's kind of value.
     """
@@ -135,7 +144,29 @@ def destination_data(
     ordering = form.get("ordering", current.ordering.value if current is not None else "").strip()
     if ordering and ordering != Ordering.NONE:
         data["ordering"] = ordering
+    batch = _batch_data(form, current)
+    if batch is not None:
+        data["batch"] = batch
     return data
+
+
+def _batch_data(form: Mapping[str, str], current: Destination | None) -> dict[str, Any] | None:
+    """The ``batch`` of the form (``None``: one call a request)."""
+    if "batch" not in form:  # a page or a script from before it: the current batch stays
+        return None if current is None or current.batch is None else batch_data(current.batch)
+    choice = form["batch"].strip()
+    if choice == "off":
+        return None
+    if choice != "on":
+        raise FormError("batch", f"must be on or off, got {choice!r}")
+    batch: dict[str, Any] = {}
+    if max_events := form.get("batch_max_events", "").strip():
+        batch["max_events"] = _number(max_events, whole=True)
+    if max_bytes := form.get("batch_max_bytes", "").strip():
+        batch["max_bytes"] = max_bytes
+    if max_wait := form.get("batch_max_wait", "").strip():
+        batch["max_wait"] = max_wait
+    return batch
 
 
 def destination_form(dest: Destination | None) -> dict[str, str]:
@@ -155,7 +186,13 @@ def destination_form(dest: Destination | None) -> dict[str, str]:
         "rate_limit": "" if dest.rate_limit is None else _number_text(dest.rate_limit),
         "disable_after": str(exported.get("disable_after") or ""),
         "ordering": dest.ordering.value,
+        "batch": "off" if dest.batch is None else "on",
     }
+    if dest.batch is not None:
+        written = batch_data(dest.batch)
+        form["batch_max_events"] = str(written["max_events"])
+        form["batch_max_bytes"] = str(written["max_bytes"])
+        form["batch_max_wait"] = str(written["max_wait"])
     for row, hook in enumerate(dest.webhooks):
         form[f"url_{row}"] = hook.url
         form[f"headers_{row}"] = "\n".join(f"{k}: {v}" for k, v in hook.headers.items())

@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from pipeline.core.config import (
+    Batch,
     ConfigTable,
     Destination,
     PipelineConfig,
@@ -137,6 +138,13 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "changedBy": origin.changed_by,
         "changedAt": origin.changed_at,
         "ordering": dest.ordering.value,
+        "batch": None
+        if dest.batch is None
+        else {
+            "maxEvents": dest.batch.max_events,
+            "maxBytes": dest.batch.max_bytes,
+            "maxWait": dest.batch.max_wait,
+        },
     }
 
 
@@ -162,6 +170,13 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         disabled_reason=record["disabledReason"],
         disabled_at=record["disabledAt"],
         ordering=record["ordering"],
+        batch=None
+        if record["batch"] is None
+        else Batch(
+            max_events=record["batch"]["maxEvents"],
+            max_bytes=record["batch"]["maxBytes"],
+            max_wait=record["batch"]["maxWait"],
+        ),
     )
 
 

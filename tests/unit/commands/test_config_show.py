@@ -5,7 +5,15 @@ from __future__ import annotations
 import orjson
 
 from pipeline.commands.config import format_config
-from pipeline.core.config import ConfigTable, Destination, Ordering, RetryPolicy, Source, Webhook
+from pipeline.core.config import (
+    Batch,
+    ConfigTable,
+    Destination,
+    Ordering,
+    RetryPolicy,
+    Source,
+    Webhook,
+)
 
 SECRET = "sekrit-hmac-key-0042"
 TOKEN = "Bearer tok-9f8e7d6c"
@@ -88,3 +96,14 @@ def test_secrets_stay_masked() -> None:
     assert hooks["webhooks"][0]["headers"]["Authorization"].startswith("••••")
     unmasked = orjson.loads(format_config(TABLE, show_secrets=True, as_json=True))
     assert unmasked["destinations"][0]["shared_secret"] == SECRET
+
+
+def test_a_batch_is_shown_with_its_limits() -> None:
+    batched = PLAIN.model_copy(update={"batch": Batch(max_events=50, max_wait=0.25)})
+    table = ConfigTable.build([Source(id="web")], [batched])
+    lines = format_config(table).splitlines()
+    plain = next(i for i, line in enumerate(lines) if line.startswith("plain "))
+    assert lines[plain + 1].endswith("; batches of 50 / 500KB / 250ms")
+    assert "batches" not in format_config(TABLE)
+    shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]["batch"]
+    assert shown == {"max_events": 50, "max_bytes": "500KB", "max_wait": "250ms"}

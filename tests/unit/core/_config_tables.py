@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.config import (
     RESERVED_HEADERS,
+    Batch,
     ConfigTable,
     Destination,
     Ordering,
@@ -43,6 +44,12 @@ retry_policies = st.builds(
     delays=st.none() | st.lists(durations(1.0, 7 * 86_400.0), min_size=1, max_size=5),
     deadline=st.none() | durations(60.0, 7 * 86_400.0),
 )
+batches = st.builds(
+    Batch,
+    max_events=st.integers(1, 1000),
+    max_bytes=st.integers(1024, 5_000_000),
+    max_wait=durations(0.01, 60.0),
+)
 
 
 @st.composite
@@ -61,6 +68,11 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
     destinations = []
     for dest_id in draw(st.lists(ids, max_size=3, unique=True)):
         secret = draw(st.none() | texts.filter(bool))
+        ordering = draw(st.sampled_from(Ordering))
+        batch = None if ordering is Ordering.PER_USER else draw(st.none() | batches)
+        max_in_flight = draw(st.none() | st.integers(1, 100_000))
+        if batch is not None and max_in_flight is not None:
+            max_in_flight = max(max_in_flight, batch.max_events)
         destinations.append(
             Destination(
                 id=dest_id,
@@ -71,9 +83,10 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
                 standard_webhooks=secret is not None and draw(st.booleans()),
                 rate_limit=draw(st.none() | st.floats(0, 100_000, exclude_min=True)),
                 retry=draw(st.none() | retry_policies),
-                max_in_flight=draw(st.none() | st.integers(1, 100_000)),
+                max_in_flight=max_in_flight,
                 disable_after=draw(st.none() | durations(60.0, 30 * 86_400.0)),
-                ordering=draw(st.sampled_from(Ordering)),
+                ordering=ordering,
+                batch=batch,
                 webhooks=draw(
                     st.lists(
                         st.builds(

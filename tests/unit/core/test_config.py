@@ -11,6 +11,7 @@ from pipeline import ConfigError
 from pipeline.core.config import (
     MAX_WEBHOOKS,
     RESERVED_HEADERS,
+    Batch,
     ConfigTable,
     Destination,
     Ordering,
@@ -485,6 +486,49 @@ def test_policy_defaults_when_absent() -> None:
 
 def test_ordering_none_written_out_is_the_default() -> None:
     assert validate_config(config(ordering="none")).destinations[0].ordering is Ordering.NONE
+
+
+def test_a_batch_with_its_limits_in_the_files_units() -> None:
+    batched = config(batch={"max_events": 50, "max_bytes": "64KiB", "max_wait": "250ms"})
+    batch = validate_config(batched).destinations[0].batch
+    assert batch == Batch(max_events=50, max_bytes=65536, max_wait=0.25)
+    defaults = validate_config(config(batch={})).destinations[0].batch
+    assert defaults == Batch(max_events=100, max_bytes=500_000, max_wait=1.0)
+    assert validate_config(VALID).destinations[0].batch is None  # one call a request
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ({"batch": {"max_events": 0}}, ".batch.max_events: must be at least 1, got 0"),
+        ({"batch": {"max_events": 1001}}, ".batch.max_events: must be at most 1000, got 1001"),
+        (
+            {"batch": {"max_bytes": "lots"}},
+            ".batch.max_bytes: must be a size such as 500KB, 1MB or a number of bytes, got 'lots'",
+        ),
+        ({"batch": {"max_bytes": 100}}, ".batch.max_bytes: must be at least 1024, got 100"),
+        (
+            {"batch": {"max_bytes": "6MB"}},
+            ".batch.max_bytes: must be at most 5000000, got '6MB'",
+        ),
+        ({"batch": {"max_wait": "2m"}}, ".batch.max_wait: '2m' is over the maximum of 1m"),
+        ({"batch": {"max_wait": "1ms"}}, ".batch.max_wait: '1ms' is under the minimum of 10ms"),
+        ({"batch": {"size": 10}}, ".batch.size: is not a known field"),
+        ({"batch": 100}, ".batch: must be a mapping (key: value)"),
+        (
+            {"batch": {}, "ordering": "per_user"},
+            ": batch cannot be combined with ordering: per_user",
+        ),
+        (
+            {"batch": {"max_events": 100}, "max_in_flight": 10},
+            ": max_in_flight (10) is under batch.max_events (100): a batch could never fill",
+        ),
+    ],
+)
+def test_a_bad_batch_is_named(written: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config(**written))
+    assert f"destinations[0] (hooks-1){message}" in str(caught.value)
 
 
 def test_retry_keys_are_optional_each() -> None:

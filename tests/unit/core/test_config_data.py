@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 
 from pipeline.core.config import (
+    Batch,
     ConfigTable,
     Destination,
     Ordering,
@@ -43,11 +44,14 @@ FULL = Destination(
     disabled_at=1_795_273_500_000,
 )
 PLAIN = Destination(id="plain", sources=["web"], webhooks=[Webhook(url="https://example.org/")])
+BATCHED = PLAIN.model_copy(
+    update={"id": "queued", "batch": Batch(max_events=50, max_bytes=65536, max_wait=0.25)}
+)
 SOURCES = [
     Source(id="web", name="Website", write_keys=["wk_live_1"], blocked_events=["Debug Event"]),
     Source(id="ios"),
 ]
-TABLE = ConfigTable.build(SOURCES, [PLAIN, FULL])
+TABLE = ConfigTable.build(SOURCES, [PLAIN, FULL, BATCHED])
 
 
 def rebuilt(data: dict[str, Any]) -> ConfigTable:
@@ -63,7 +67,7 @@ def test_sources_then_destinations_sorted_by_id_with_the_documented_key_order() 
     data = config_data(TABLE)
     assert list(data) == ["sources", "destinations"]
     assert [s["id"] for s in data["sources"]] == ["ios", "web"]
-    assert [d["id"] for d in data["destinations"]] == ["hooks", "plain"]
+    assert [d["id"] for d in data["destinations"]] == ["hooks", "plain", "queued"]
     assert list(data["destinations"][0]) == [
         "id",
         "name",
@@ -109,6 +113,15 @@ def test_the_ordering_is_its_value_as_plain_text() -> None:
     hooks = config_data(TABLE)["destinations"][0]
     assert hooks["ordering"] == "per_user"
     assert type(hooks["ordering"]) is str  # yaml.safe_dump refuses an enum
+
+
+def test_a_batch_is_written_whole_in_the_units_the_file_takes() -> None:
+    queued = config_data(TABLE)["destinations"][2]
+    assert list(queued)[-1] == "batch"
+    assert queued["batch"] == {"max_events": 50, "max_bytes": 65536, "max_wait": "250ms"}
+    round_sizes = BATCHED.model_copy(update={"batch": Batch(max_bytes="2MB")})
+    data = config_data(ConfigTable.build(SOURCES, [round_sizes]))["destinations"][0]
+    assert data["batch"] == {"max_events": 100, "max_bytes": "2MB", "max_wait": "1s"}
 
 
 def test_secrets_are_exported() -> None:

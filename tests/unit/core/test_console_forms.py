@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from pipeline.core.config import (
+    Batch,
     ConfigTable,
     Destination,
     Ordering,
@@ -133,6 +134,44 @@ def test_the_form_preselects_the_destinations_ordering():
     ordered = CURRENT.model_copy(update={"ordering": Ordering.PER_USER})
     assert destination_form(ordered)["ordering"] == "per_user"
     assert changed_fields(CURRENT, ordered) == ["ordering"]
+
+
+def test_the_batch_fields_set_the_batch():
+    on = form(batch="on", batch_max_events="50", batch_max_bytes="64KB", batch_max_wait="250ms")
+    data = destination_data(on, ["web"], CURRENT)
+    assert data["batch"] == {"max_events": 50, "max_bytes": "64KB", "max_wait": "250ms"}
+    assert validated(data).batch == Batch(max_events=50, max_bytes=64_000, max_wait=0.25)
+    defaults = destination_data(form(batch="on"), ["web"], CURRENT)
+    assert validated(defaults).batch == Batch()  # empty fields: the batch's defaults
+    batched = CURRENT.model_copy(update={"batch": Batch()})
+    off = destination_data(form(batch="off", batch_max_events="50"), ["web"], batched)
+    assert "batch" not in off and validated(off).batch is None
+
+
+def test_a_form_without_the_batch_keeps_the_current_one():
+    batched = CURRENT.model_copy(update={"batch": Batch(max_events=7, max_wait=0.5)})
+    assert validated(destination_data(form(), ["web"], batched)).batch == batched.batch
+    assert "batch" not in destination_data(form(), ["web"], CURRENT)
+
+
+def test_the_form_shows_the_destinations_batch_and_round_trips():
+    assert destination_form(CURRENT)["batch"] == "off"
+    batched = CURRENT.model_copy(update={"batch": Batch(max_bytes="2MB", max_wait=0.25)})
+    shown = destination_form(batched)
+    assert (shown["batch"], shown["batch_max_events"]) == ("on", "100")
+    assert (shown["batch_max_bytes"], shown["batch_max_wait"]) == ("2MB", "250ms")
+    again = destination_data({**shown, "secret_action": "keep"}, ["web"], batched)
+    assert validated(again).batch == batched.batch
+
+
+def test_a_bad_batch_is_refused_next_to_its_field():
+    data = destination_data(form(batch="on", batch_max_bytes="<i>lots</i>"), ["web"], CURRENT)
+    with pytest.raises(ConfigError) as caught:
+        validated(data)
+    assert list(problems_by_field(caught.value.problems, "hooks")) == ["batch.max_bytes"]
+    with pytest.raises(FormError) as refused:
+        destination_data(form(batch="maybe"), ["web"], CURRENT)
+    assert refused.value.field == "batch"
 
 
 def test_an_ordering_that_is_not_one_is_refused_next_to_its_field():

@@ -181,6 +181,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "changedBy": "console:ab12",
         "changedAt": 1_795_470_065_000,
         "ordering": "per_user",
+        "batch": {"maxEvents": 100, "maxBytes": 500_000, "maxWait": 1.0},
     },
 }
 
@@ -190,6 +191,9 @@ ORIGIN_DEFAULTS = {"changedBy": None, "changedAt": None}
 
 #: The Destination field added after schemas/history/destination.v4.avsc, with its default.
 ORDERING_DEFAULTS = {"ordering": "none"}
+
+#: The Destination field added after schemas/history/destination.v5.avsc, with its default.
+BATCH_DEFAULTS = {"batch": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -223,6 +227,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *DESTINATION_V3_DEFAULTS,
             *ORIGIN_DEFAULTS,
             *ORDERING_DEFAULTS,
+            *BATCH_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -236,6 +241,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **DESTINATION_V3_DEFAULTS,
         **ORIGIN_DEFAULTS,
         **ORDERING_DEFAULTS,
+        **BATCH_DEFAULTS,
     }
 
 
@@ -249,7 +255,8 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
     record = {
         k: v
         for k, v in RECORDS["Destination"].items()
-        if k not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS, *ORDERING_DEFAULTS)
+        if k
+        not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS, *ORDERING_DEFAULTS, *BATCH_DEFAULTS)
     }
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {
@@ -257,6 +264,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **DESTINATION_V3_DEFAULTS,
         **ORIGIN_DEFAULTS,
         **ORDERING_DEFAULTS,
+        **BATCH_DEFAULTS,
     }
 
 
@@ -269,7 +277,10 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     """schemas/history/source.v1.avsc and destination.v3.avsc predate changedBy and changedAt."""
     old = json.loads((schema_dir() / "history" / f"{shipped}.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORIGIN_DEFAULTS)
-    later = {**ORIGIN_DEFAULTS, **(ORDERING_DEFAULTS if name == "Destination" else {})}
+    later = {
+        **ORIGIN_DEFAULTS,
+        **({**ORDERING_DEFAULTS, **BATCH_DEFAULTS} if name == "Destination" else {}),
+    }
     record = {k: v for k, v in RECORDS[name].items() if k not in later}
     assert codec.decode(name, write_with(old, record)) == {**record, **later}
 
@@ -278,9 +289,20 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
     """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
     old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ORDERING_DEFAULTS}
+    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **ORDERING_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(codec: Codec) -> None:
+    """schemas/history/destination.v5.avsc predates batch: such a destination sends one call a
+    request."""
+    old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in BATCH_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **BATCH_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

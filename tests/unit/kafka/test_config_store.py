@@ -12,6 +12,7 @@ import fastavro.schema
 import pytest
 
 from pipeline.core.config import (
+    Batch,
     ConfigTable,
     Destination,
     Ordering,
@@ -118,6 +119,20 @@ def test_a_per_user_ordering_round_trips(codec: Codec) -> None:
     plain = through_kafka(codec, FULL.model_copy(update={"ordering": Ordering.NONE}))
     assert (plain.ordering, plain.ordered) == (Ordering.NONE, False)
     assert _encode_destination(FULL, APPLIED)["ordering"] == "per_user"
+
+
+def test_a_batch_round_trips(codec: Codec) -> None:
+    batched = FULL.model_copy(
+        update={
+            "ordering": Ordering.NONE,
+            "batch": Batch(max_events=50, max_bytes="64KiB", max_wait="250ms"),
+        }
+    )
+    back = through_kafka(codec, batched)
+    assert back == batched
+    assert back.batch is not None
+    assert (back.batch.max_events, back.batch.max_bytes, back.batch.max_wait) == (50, 65536, 0.25)
+    assert through_kafka(codec, FULL).batch is None
 
 
 def test_a_v4_record_written_before_ordering_reads_as_none(codec: Codec) -> None:
