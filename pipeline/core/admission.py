@@ -39,6 +39,7 @@ from pipeline.core.config import Destination
 from pipeline.core.delivery_policy import DEADLINE_PASSED, park
 from pipeline.core.endpoint_health import Health
 from pipeline.core.outcomes import DeadLetterReason
+from pipeline.core.records import Delivery
 from pipeline.core.retry_schedule import RetrySchedule
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "WAITS_BY_CHOICE",
     "Window",
     "admit",
+    "window_of",
 ]
 
 #: A destination at its ``max_in_flight`` (or its unanswered limit): its next records wait this
@@ -111,6 +113,11 @@ class Window(NamedTuple):
 
 #: The window of a record never attempted.
 FRESH = Window(None, None)
+
+
+def window_of(delivery: Delivery) -> Window:
+    """``delivery``'s retry window."""
+    return Window(delivery.first_attempt_at, delivery.deadline)
 
 
 class Attempt(NamedTuple):
@@ -230,7 +237,10 @@ def _park_reason(
         return ParkReason.CIRCUIT_OPEN, max(MIN_PARK_WAIT, health.reopens_in)
     if health.silence_ends_in is not None:
         return ParkReason.SILENT, max(SILENT_WAIT, health.silence_ends_in)
-    if in_flight >= limits.unanswered and health.unproven:
+    requests = in_flight  # what the destination has out, in requests
+    if destination.batch is not None:  # a batching destination's calls go max_events a request
+        requests = -(-in_flight // destination.batch.max_events)
+    if requests >= limits.unanswered and health.unproven:
         return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
     if health.rate_wait > RATE_WAIT_IN_FLIGHT:
         wait = health.rate_wait - RATE_PARK_LEAD

@@ -263,10 +263,12 @@ def conclusion_log_record(
     results: Sequence[UrlResult] = (),
     started: float = 0.0,
     reason: str = "",
+    batch: str = "",
 ) -> Record:
     """The delivery handler's record for one delivery: an ``attempt`` per webhook that was
     requested (``results``, from ``started``), then the conclusion reached at ``finished``
-    (epoch seconds). ``before`` is the delivery as it was attempted, ``after`` as it is handed on."""
+    (epoch seconds). ``before`` is the delivery as it was attempted, ``after`` as it is handed on;
+    ``batch``: the batch that carried it (its attempt entries' ``reason``)."""
     destination = before.destination_id
     entries = []
     if results:
@@ -287,6 +289,8 @@ def conclusion_log_record(
             attempt["tier"] = before.tier
             attempt["attempt"] = number
             attempt["response"] = result.response
+            if batch:
+                attempt["reason"] = batch
             entries.append(attempt)
     done = int(finished * 1000)
     if outcome is Outcome.DELIVERED:

@@ -18,12 +18,13 @@ topics). For each record, in order (``_decide``):
 5. **Admission** (``pipeline.core.admission``): dead letter (destination deleted or disabled,
    deadline passed), park, or attempt (``Start``).
 
-An attempt POSTs to every webhook of the destination at once; its results are concluded
-(``pipeline.core.delivery_policy.conclude``): delivered (finished), the next retry tier, or the
-dead-letter topic. A record is finished only once Kafka has acknowledged its hand-off and the
-delivery log has its record (the log records of every hand-off made in one turn of the event loop
-go out together, ``LogBatcher``). A record whose partition was revoked or lost meanwhile is not
-handed off at all: its new owner reads it again.
+An attempt (a batching destination's: of a batch, ``pipeline.roles.batches``) POSTs to every
+webhook of the destination at once; its results are concluded (``delivery_policy.conclude``):
+delivered (finished), the next retry tier, or the dead-letter topic. A record is finished only
+once Kafka has acknowledged its hand-off and the delivery log has its record (the log records of
+every hand-off made in one turn of the event loop go out together, ``LogBatcher``). A record
+whose partition was revoked or lost meanwhile is not handed off at all: its new owner reads it
+again.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from pipeline.core.admission import FRESH, Attempt, Limits, Park, Refused, Reject, Window
+from pipeline.core.admission import FRESH, Attempt, Limits, Park, Refused, Reject, window_of
 from pipeline.core.config import Destination
 from pipeline.core.delivery_policy import Conclusion, Schedules, conclude
 from pipeline.core.endpoint_health import EndpointHealth
@@ -54,6 +55,7 @@ from pipeline.kafka.events import EventEmitter
 from pipeline.kafka.log_batches import LogBatcher, log_batch_records
 from pipeline.kafka.producer import Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles.batches import Batches
 from pipeline.roles.delivery_decisions import (
     Concluded,
     Decision,
@@ -163,6 +165,7 @@ class DeliveryHandler:
             spawn=self._spawn,
         )
         self._owned: set[tuple[str, int]] = set()
+        self._batches = Batches(self, sender, self._in_flight, self._spawn)
         main = {topics.deliveries: settings.partitions}
         self._partitions = sum(main.get(topic, settings.retry_partitions) for topic in topics_in)
         self._log = LogBatcher(producer, self._codec, topics.log, stop) if settings.log else None
@@ -317,12 +320,14 @@ class DeliveryHandler:
             if self._deleted and suppressed_by(record, self._deleted) is not None:
                 return self._hand_offs.suppressed(consumed, record, now)
             destination = self._follower.table.destinations.get(record.destination_id)
-            admission = parking.admit(destination, _window(record), undecoded=False)
+            admission = parking.admit(destination, window_of(record), undecoded=False)
             if isinstance(admission, Attempt):
                 assert destination is not None
                 stamped = record
                 if record.first_attempt_at is None:
                     stamped = record.stamped(admission.first_attempt_at, admission.deadline)
+                if destination.batch is not None:  # its batch takes one turn when it goes
+                    return Start(stamped, destination, admission.final, None)
                 # Its turn is taken now, so that the next record's admission counts it.
                 turn = time.monotonic() + self._health.reserve(destination)
                 return Start(stamped, destination, admission.final, turn)
@@ -397,22 +402,20 @@ class DeliveryHandler:
         in_flight = self._in_flight
         destination = start.record.destination_id
         in_flight[destination] = in_flight.get(destination, 0) + 1
-        self._spawn(self._attempt_in_flight(consumed, start, loop, now))
+        if start.destination.batch is not None:
+            self._batches.add(consumed, start, loop)
+        else:
+            self._spawn(self._attempt_in_flight(consumed, start, loop, now))
 
     async def _attempt_in_flight(
         self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float
     ) -> None:
-        """``_attempt``, counted in flight for its destination until it is handed off."""
+        """Make the request, conclude from its results, and hand the record off; counted in
+        flight for its destination until then."""
         try:
-            await self._attempt(consumed, start, loop, now)
+            concluded = await self._concluded(consumed, start, now)
         finally:
             self._in_flight[start.record.destination_id] -= 1
-
-    async def _attempt(
-        self, consumed: ConsumedRecord, start: Start, loop: Progress, now: float
-    ) -> None:
-        """Make the request, conclude from its results, and hand the record off."""
-        concluded = await self._concluded(consumed, start, now)
         if concluded is not None:
             await self.finish(consumed, concluded.out, concluded.logged, loop)
 
@@ -425,28 +428,59 @@ class DeliveryHandler:
             results = await self._sender.attempt(
                 destination, record.body, record.message_id, final=start.final, turn=start.turn
             )
-            if self._limits.parking and not start.final and _all_refused(results):
-                # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
-                out = self._parked_alone(consumed, record, destination)
-                if out:
-                    return Concluded(out, None, True)
             finished = time.time()
-            schedule = self._schedules(destination)
-            conclusion = conclude(record, results, schedule, now, finished)
-            counted = self._metrics(record.destination_id)
-            if conclusion.requested:
-                counted.attempt_seconds.observe(finished - now)
-                self._watch.outcome(destination, conclusion.outcome, finished)
-            self._watch.circuits(destination, self._health.open_circuits(destination), counted)
-            out, logged = self._hand_offs.concluded(
-                consumed, record, conclusion, finished, results, now
-            )
-            return Concluded(out, logged, conclusion.outcome is Outcome.RETRY)
+            conclusion = self.conclusion(consumed, start, results, now, finished)
+            if isinstance(conclusion, Concluded):
+                return conclusion
+            return self.handed(consumed, start, conclusion, results, now, finished)
         except SchemaRegistryUnavailable as exc:
             self._give_up(exc)  # the record stays unfinished: a restart delivers it
             return None
         except Exception as exc:  # a bug must neither lose the record nor stall the partition
-            return Concluded(self._hand_offs.internal_error(consumed, record, exc), None, False)
+            return self.failed(consumed, record, exc)
+
+    def conclusion(
+        self,
+        consumed: ConsumedRecord,
+        start: Start,
+        results: list[UrlResult],
+        now: float,
+        finished: float,
+    ) -> Conclusion | Concluded:
+        """What the answers mean for the record (``Concluded``: it is parked again as it is)."""
+        record, destination = start.record, start.destination
+        if self._limits.parking and not start.final and _all_refused(results):
+            # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
+            out = self._parked_alone(consumed, record, destination)
+            if out:
+                return Concluded(out, None, True)
+        return conclude(record, results, self._schedules(destination), now, finished)
+
+    def handed(
+        self,
+        consumed: ConsumedRecord,
+        start: Start,
+        conclusion: Conclusion,
+        results: list[UrlResult],
+        now: float,
+        finished: float,
+        batch: str = "",
+    ) -> Concluded:
+        """The record's hand-off for ``conclusion``, counted and watched."""
+        record, destination = start.record, start.destination
+        counted = self._metrics(record.destination_id)
+        if conclusion.requested:
+            counted.attempt_seconds.observe(finished - now)
+            self._watch.outcome(destination, conclusion.outcome, finished)
+        self._watch.circuits(destination, self._health.open_circuits(destination), counted)
+        out, logged = self._hand_offs.concluded(
+            consumed, record, conclusion, finished, results, now, batch
+        )
+        return Concluded(out, logged, conclusion.outcome is Outcome.RETRY)
+
+    def failed(self, consumed: ConsumedRecord, record: Delivery, exc: Exception) -> Concluded:
+        """The dead letter of a record a bug stopped (called in the ``except`` block)."""
+        return Concluded(self._hand_offs.internal_error(consumed, record, exc), None, False)
 
     async def finish(
         self, consumed: ConsumedRecord, out: list[Produced], logged: Logged, loop: Progress
@@ -498,7 +532,7 @@ class DeliveryHandler:
     ) -> list[Produced]:
         """``record`` parked by itself, as it was consumed, if its destination cannot take it
         now ([] if it can, or its final attempt is due)."""
-        admission = self.parking.admit(destination, _window(record), time.time())
+        admission = self.parking.admit(destination, window_of(record), time.time())
         if not isinstance(admission, Park):
             return []
         plan = self.parking.plan(destination.id, admission)
@@ -525,6 +559,7 @@ class DeliveryHandler:
     def released(self, keys: Sequence[tuple[str, int]]) -> None:
         # What is in flight finishes; the loop ignores records of released partitions.
         self._owned.difference_update(keys)
+        self._batches.released(set(keys))
         self._share_changed()
         if self._lanes is not None:
             self._lanes.holds.released([partition for _, partition in keys])
@@ -549,6 +584,7 @@ class DeliveryHandler:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        self._batches.flush()  # what is gathered goes now, as the attempts in flight finish
         if self._lanes is not None:
             await self._lanes.aclose()
         if self._tasks:
@@ -556,10 +592,6 @@ class DeliveryHandler:
         if self._log is not None:
             await self._log.aclose()
         await self._events.aclose()
-
-
-def _window(record: Delivery) -> Window:
-    return Window(record.first_attempt_at, record.deadline)
 
 
 def _all_refused(results: Sequence[UrlResult]) -> bool:

@@ -94,12 +94,13 @@ class InLane(NamedTuple):
 
 class Start(NamedTuple):
     """Attempt ``record`` (stamped) at ``destination`` at ``turn`` (monotonic seconds: its turn
-    under the destination's pace, taken when it was admitted)."""
+    under the destination's pace, taken when it was admitted; ``None`` for a batching
+    destination's call: its batch takes one turn when it goes)."""
 
     record: Delivery
     destination: Destination
     final: bool
-    turn: float
+    turn: float | None
 
 
 Decision = Skip | Defer | Hold | Split | HandOff | Start | InLane

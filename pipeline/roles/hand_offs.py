@@ -74,15 +74,17 @@ class HandOffs:
         finished: float,
         results: Sequence[UrlResult] = (),
         started: float = 0.0,
+        batch: str = "",
     ) -> tuple[list[Produced], Logged]:
         """The records to produce for ``conclusion`` (reached at ``finished``; ``results`` of the
-        request begun at ``started``, if one was made) and its log record; counted."""
+        request begun at ``started``, if one was made; ``batch``: the batch that carried it) and
+        its log record; counted."""
         outcome, record = conclusion.outcome, conclusion.delivery
         counted = self._metrics(before.destination_id)
         counted.outcomes[outcome].inc()
         logged: Logged = None
         if self._log_on:
-            if outcome is Outcome.DELIVERED:
+            if outcome is Outcome.DELIVERED and not batch:
                 logged = Delivered(before, list(results), started, finished)
             else:
                 reason = conclusion.reason or ("" if conclusion.requested else "circuit_open")
@@ -94,6 +96,7 @@ class HandOffs:
                     results=results,
                     started=started,
                     reason=str(reason),
+                    batch=batch,
                 )
         if outcome is Outcome.DELIVERED:
             if not record.replays:  # a replay's call arrived long ago: not the pipeline's latency

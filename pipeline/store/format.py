@@ -89,6 +89,8 @@ def _entry_line(entry: LogEntry) -> str:
             parts.append(safe(entry.url))
         if entry.response:
             parts.append(f"response {safe(entry.response, 60)}")
+        if entry.reason:  # the batch that carried it
+            parts.append(f"in {safe(entry.reason)}")
     if kind is LogKind.DROPPED and entry.error:
         parts.append(safe(entry.error))
     if kind is LogKind.RETRY_SCHEDULED:
@@ -97,7 +99,7 @@ def _entry_line(entry: LogEntry) -> str:
         parts.append(f"held behind {safe(entry.reason)}")
     elif kind is LogKind.RELEASED:
         parts.append(safe(entry.reason, 400))
-    elif entry.reason:
+    elif entry.reason and kind is not LogKind.ATTEMPT:
         parts.append(f"reason {safe(entry.reason)}")
     if entry.replay_id:
         parts.append(f"replay {safe(entry.replay_id)}")

@@ -22,7 +22,7 @@ from pipeline.core.admission import (
     Window,
     admit,
 )
-from pipeline.core.config import Destination
+from pipeline.core.config import Batch, Destination
 from pipeline.core.delivery_policy import DEADLINE_PASSED
 from pipeline.core.endpoint_health import Health
 from pipeline.core.outcomes import DeadLetterReason
@@ -36,6 +36,7 @@ DEADLINE_MS = T0_MS + 1_000_000
 HOOKS = Destination(id="hooks", sources=["web"], webhooks=[{"url": "https://a.example/h"}])  # type: ignore[list-item]
 LIMITED = HOOKS.model_copy(update={"max_in_flight": 2})
 OFF = HOOKS.model_copy(update={"enabled": False})
+BATCHED = HOOKS.model_copy(update={"batch": Batch(max_events=10)})
 STAMPED = Window(T0_MS, DEADLINE_MS)
 HEALTHY = Health()
 LIMITS = Limits(parking=True, unanswered=100, probe_answered=5.5)
@@ -78,6 +79,12 @@ CASES: list[tuple[str, Any, Health, int, Window, float, Limits, Any]] = [
                   DEADLINE_MS)),
     ("unproven with room left", HOOKS, Health(unproven=True), 99, FRESH, T0, LIMITS,
      Attempt(T0_MS, DEADLINE_MS, final=False)),
+    # A batching destination's calls go max_events (10) a request: 990 calls are 99 requests.
+    ("unproven, batching, with room left", BATCHED, Health(unproven=True), 990, FRESH, T0,
+     LIMITS, Attempt(T0_MS, DEADLINE_MS, final=False)),
+    ("unproven, batching, its host's connections out", BATCHED, Health(unproven=True), 991,
+     FRESH, T0, LIMITS, Park(ParkReason.UNANSWERED, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), T0_MS,
+                             DEADLINE_MS)),
     # It comes back within a second (the shares may have changed), and a little before its turn
     # when that is sooner, while the records held in flight still have theirs. A wait by choice
     # (a rate limit, max_in_flight, a Retry-After) leaves a fresh record's window unstarted.

@@ -157,6 +157,22 @@ def test_a_trace_reads_as_a_journey():
     assert lines[9] == "  wh   delivered, 1 attempt, last HTTP 200"
 
 
+def test_an_attempt_names_the_batch_that_carried_it():
+    entry = LogEntry(
+        LogKind.ATTEMPT,
+        T0,
+        destination="wh",
+        status=200,
+        duration_ms=8,
+        attempt=1,
+        reason="batch_0a1b of 3 calls",
+    )
+    trace = Trace("m1", "web", "track", None, None, None, (entry,), ())
+    line = format_trace(trace).split("\n")[1]
+    assert line.endswith("8 ms  in batch_0a1b of 3 calls")
+    assert "reason" not in line
+
+
 def test_a_purged_call_says_so():
     trace = Trace("m1", None, None, None, None, None, (), (), purged_at=T0)
     assert format_trace(trace) == (
