@@ -59,6 +59,9 @@ Sections (the issue's numbering):
 14. A destination's pace: ``rate_limit`` 20/s and 200/s with 1 and 2 worker processes, delivered
     ÷ limit while a backlog lasts; a receiver that admits 100/s and answers 429 beyond, from 30 s
     on: accepted/s and the share answered 429 (``bench.pace``).
+15. Batching: one worker, a destination with batches of 100 against the same one without (same
+    run, alternated): calls delivered/s at the receiver, and the worker's CPU seconds per 1,000
+    calls (``bench.batching``).
 """
 
 from __future__ import annotations
@@ -979,6 +982,12 @@ def section_pace(bench: Bench) -> None:
     run(bench, row=Row, fmt=fmt, median=median, log=log)
 
 
+def section_batching(bench: Bench) -> None:
+    from .batching import section_batching as run
+
+    run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -992,6 +1001,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "12": section_dedupe,
     "13": section_ordering,
     "14": section_pace,
+    "15": section_batching,
 }
 
 

@@ -59,6 +59,8 @@ class Stats:
     def reset(self) -> None:
         self.requests = 0
         self.answered = 0
+        #: Calls in the requests answered 2xx (a batch's JSON array carries many).
+        self.calls = 0
         self.throttled = 0
         #: ``--admit``: when the requests admitted in the last second were (monotonic).
         self.admitted: collections.deque[float] = collections.deque()
@@ -70,6 +72,7 @@ class Stats:
             {
                 "requests": self.requests,
                 "answered": self.answered,
+                "calls": self.calls,
                 "throttled": self.throttled,
                 "first": self.first,
                 "last": self.last,
@@ -163,6 +166,7 @@ class Responder(asyncio.Protocol):
                 stats.first = now
             stats.last = now
             stats.answered += 1
+            stats.calls += body.count(_MESSAGE_ID) or 1
         if self.args.delay:
             self.loop.call_later(self.args.delay, self._write, answer)
         else:

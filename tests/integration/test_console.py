@@ -373,6 +373,9 @@ def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipe
         page.fill("input[name=secret]", "s3cret-value")
         page.fill("input[name=retry_delays]", "5s, 1m")
         page.fill("input[name=rate_limit]", "25")
+        page.select_option("#batch", "on")
+        page.fill("input[name=batch_max_events]", "50")
+        page.fill("input[name=batch_max_wait]", "250ms")
 
     create_destination(page, pipeline, "created", policy)
     expect(page.locator("#secret-state")).to_have_text("set")
@@ -381,6 +384,21 @@ def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipe
     assert created.shared_secret == "s3cret-value"
     assert created.retry is not None and created.retry.delays == [5.0, 60.0]
     assert created.rate_limit == 25
+    assert created.batch is not None
+    assert (created.batch.max_events, created.batch.max_bytes, created.batch.max_wait) == (
+        50,
+        500_000,
+        0.25,
+    )
+    expect(page.locator("input[name=batch_max_bytes]")).to_have_value("500KB")
+    # A bad size is refused next to its field, with config apply's words; nothing changes.
+    page.fill("input[name=batch_max_bytes]", "lots")
+    page.click("#save")
+    expect(page.locator('.field-error[data-field="batch.max_bytes"]')).to_contain_text(
+        "must be a size such as 500KB"
+    )
+    assert load_table(pipeline.settings).destinations["created"] == created
+    page.fill("input[name=batch_max_bytes]", "500KB")
     # A bad duration is refused with config apply's words; nothing changes.
     page.fill("input[name=retry_delays]", "5s, soon")
     page.click("#save")

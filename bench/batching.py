@@ -1,0 +1,120 @@
+"""Section 15 of ``make bench``: batching (``batch`` in a destination's config).
+
+One ``pipeline worker`` (no log store) per mode and the same receiver: a destination without
+batching, and one with ``batch: {max_events: 100, max_wait: 200ms}``. Each run produces
+``calls`` calls and waits until the receiver has accepted them all (it counts the calls in each
+request's body). Reported: calls delivered per second at the receiver, and the worker's CPU
+seconds per 1,000 calls, batching on ÷ off (the two modes alternate, same run).
+
+Run alone: ``python -m bench --only 15``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._harness import Deployment, Receiver, Worker, produce_all
+
+__all__ = ["section_batching"]
+
+BATCH = {"max_events": 100, "max_wait": "200ms"}
+
+
+def _wait_calls(receiver: Receiver, count: int, *, timeout: float, stall: float = 15.0) -> Any:
+    """The receiver's stats once it accepted ``count`` calls (bounded by ``timeout``/``stall``)."""
+    deadline = time.monotonic() + timeout
+    seen, changed = -1, time.monotonic()
+    while True:
+        stats = receiver.stats()
+        if stats["calls"] >= count:
+            return stats
+        now = time.monotonic()
+        if stats["calls"] != seen:
+            seen, changed = stats["calls"], now
+        if now > deadline or now - changed > stall:
+            raise TimeoutError(f"the receiver accepted {stats['calls']} of {count} calls")
+        time.sleep(0.05)
+
+
+def _run(
+    receiver: Receiver, deployment: Deployment, worker: Worker, count: int
+) -> tuple[float, float]:
+    """(calls/s at the receiver, worker CPU seconds per 1,000 calls) for one backlog."""
+    records = list(deployment.call_records("s", count))  # encoded before the clock starts
+    worker.settle()
+    receiver.reset()
+    cpu = worker.cpu_seconds()
+    produce_all(deployment.settings, deployment.topics.calls, records)
+    stats = _wait_calls(receiver, count, timeout=180)
+    used = worker.cpu_seconds() - cpu
+    span = stats["last"] - stats["first"]
+    rate = stats["calls"] / span if span > 0 else 0.0
+    return rate, used / count * 1000
+
+
+def section_batching(
+    bench: Any,
+    *,
+    warm_up: Callable[..., None],
+    row: Callable[..., Any],
+    fmt: Callable[..., str],
+    median: Callable[[list[float]], float],
+    log: Callable[[str], None],
+) -> None:
+    count = bench.n(20_000)
+    receiver = Receiver()
+    off = Deployment(bench.bootstrap, "batch-off")
+    off.apply({"s": [("d1", [receiver.url()])]})
+    on = Deployment(bench.bootstrap, "batch-on")
+    on.apply({"s": [("d1", [receiver.url()])]}, destination_fields={"batch": BATCH})
+    workers = {
+        "off": Worker("worker --no-log-store", off.env(), "batch-off"),
+        "on": Worker("worker --no-log-store", on.env(), "batch-on"),
+    }
+    deployments = {"off": off, "on": on}
+    figures: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    try:
+        warm_up(receiver, off, "s")
+        receiver.reset()
+        on.produce_calls("s", 20)
+        _wait_calls(receiver, 20, timeout=90, stall=60)
+        for run in range(bench.runs):
+            for mode in ("off", "on") if run % 2 == 0 else ("on", "off"):
+                figures[mode].append(_run(receiver, deployments[mode], workers[mode], count))
+            log(
+                f"15 run {run + 1}: batching off {figures['off'][-1][0]:,.0f} calls/s "
+                f"({figures['off'][-1][1]:.3f} CPU s/1k), on {figures['on'][-1][0]:,.0f} calls/s "
+                f"({figures['on'][-1][1]:.3f} CPU s/1k)"
+            )
+    finally:
+        for worker in workers.values():
+            worker.stop()
+        receiver.stop()
+    rates = {mode: [rate for rate, _ in runs] for mode, runs in figures.items()}
+    cpu = {mode: [per for _, per in runs] for mode, runs in figures.items()}
+    speedups = [a / b for a, b in zip(rates["on"], rates["off"], strict=True)]
+    savings = [b / a for a, b in zip(cpu["on"], cpu["off"], strict=True)]
+    bench.rows += [
+        row(
+            "15",
+            f"batching on (100 a batch) vs off, one worker, {count:,} calls: calls delivered/s",
+            fmt(median(rates["on"])),
+            f"off: {fmt(median(rates['off']))}",
+            fmt(median(speedups), "×"),
+            "> 1×",
+            median(speedups) > 1,
+            [f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates["on"], rates["off"], strict=True)],
+        ),
+        row(
+            "15",
+            "batching on vs off: the worker's CPU seconds per 1,000 calls",
+            f"{median(cpu['on']):.3f}",
+            f"off: {median(cpu['off']):.3f}",
+            fmt(median(savings), "× less"),
+            "> 1×",
+            median(savings) > 1,
+            [f"{a:.3f}/{b:.3f}" for a, b in zip(cpu["on"], cpu["off"], strict=True)],
+        ),
+    ]
