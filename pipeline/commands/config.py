@@ -64,6 +64,18 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write it to FILE, readable by its owner only (mode 0600), instead of stdout",
     )
+    rotate = actions.add_parser(
+        "rotate-secret",
+        parents=[common],
+        help="give a destination a new random shared secret, the old one signing on for a window",
+    )
+    rotate.add_argument("destination", help="the destination's id")
+    rotate.add_argument(
+        "--window",
+        default="24h",
+        help="how long the old secret still signs (1m..7d; default 24h): X-Signature keeps it "
+        "until then, and Standard Webhooks signs with both",
+    )
     parser.set_defaults(run=run, kafka="wait")
 
 
@@ -72,7 +84,43 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _apply(args, settings)
     if args.action == "export":
         return _export(args, settings)
+    if args.action == "rotate-secret":
+        return _rotate(args, settings)
     return _show(args, settings)
+
+
+def _rotate(args: argparse.Namespace, settings: Settings) -> int:
+    """A new secret for one destination, the old one kept until the window ends; the new secret
+    is never printed (``config show --show-secrets`` or ``config export`` has it)."""
+    from pipeline.core.durations import parse_duration
+    from pipeline.core.secret_rotation import new_secret
+    from pipeline.core.secret_rotation import rotated as rotate
+    from pipeline.kafka.config_store import load_table, write_config
+
+    try:
+        window = parse_duration(args.window, name="--window")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    destination = load_table(settings).destinations.get(args.destination)
+    if destination is None:
+        print(f"error: no destination {args.destination!r}", file=sys.stderr)
+        return 1
+    now = time.time()
+    try:
+        rotated = rotate(destination, new_secret(), window, now)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_config(settings, [rotated], changed_by="rotate-secret")
+    until = format_timestamp(int((now + window) * 1000))
+    print(
+        f"rotated the shared secret of {destination.id}: until {until} X-Signature is still made "
+        "with the previous secret and webhook-signature (Standard Webhooks) carries a signature "
+        "for each; from then on only the new one signs.\n"
+        f"read the new secret with: pipeline config show --show-secrets --json"
+    )
+    return 0
 
 
 def _read_yaml(path: str) -> object:
@@ -226,7 +274,7 @@ def format_export(
 ) -> str:
     """What ``config export`` writes: a comment saying when and from where, then the config file
     (``config_data``) as YAML, short lists and mappings inline as in the documented example."""
-    from pipeline.core.config import config_data
+    from pipeline.core.config_export import config_data
 
     header = (
         f"# pipeline config export at {_utc_seconds(exported_at)} from topic {topic} "
@@ -274,7 +322,7 @@ def _duration(seconds: float | None) -> str | None:
 
 def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
     """One destination with the config file's keys, durations as text (``10s``, ``4h``)."""
-    from pipeline.core.config import batch_data
+    from pipeline.core.config_export import batch_data
 
     return {
         "id": d.id,
@@ -282,6 +330,10 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "enabled": d.enabled,
         "sources": d.sources,
         "shared_secret": _mask(d.shared_secret, show_secrets),
+        "previous_secrets": [
+            {"secret": _mask(p.secret, show_secrets), "until": format_timestamp(p.until_ms)}
+            for p in d.previous_secrets
+        ],
         "standard_webhooks": d.standard_webhooks,
         "webhooks": [
             {
@@ -399,6 +451,8 @@ def format_config(
             f"{','.join(d['sources']):<16} {'yes' if d['shared_secret'] else 'no':<7} {urls}"
         )
         lines.append(f"  {_policy_line(d)}")
+        for previous in d["previous_secrets"]:
+            lines.append(f"  rotating: the previous secret signs until {previous['until']}")
         if d["disabled_reason"] is not None:
             since = (
                 "" if d["disabled_at"] is None else f" since {format_timestamp(d['disabled_at'])}"

@@ -16,7 +16,13 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "receiver", parents=[common], help="a webhook receiver that prints calls"
     )
     server_flags(parser, 8090)
-    parser.add_argument("--secret", help="shared secret: verify X-Signature (401 when wrong)")
+    parser.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        help="shared secret: verify X-Signature and Standard Webhooks (401 when wrong); give it "
+        "twice during a rotation (new and old): either verifies",
+    )
     parser.add_argument("--status", type=int, default=200, help="status to answer (default 200)")
     parser.add_argument("--body", action="store_true", help="print each body too")
     parser.set_defaults(run=run)
@@ -27,7 +33,7 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
 
     from pipeline.http.receiver import make_receiver_app
 
-    app = make_receiver_app(secret=args.secret, status=args.status, verbose=args.body)
+    app = make_receiver_app(secrets=args.secret, status=args.status, verbose=args.body)
     print(f"receiver on http://{args.host}:{args.port}/ (any path)", file=sys.stderr)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0

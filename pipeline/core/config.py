@@ -13,6 +13,8 @@ A config file (``pipeline config apply FILE.yaml``)::
         enabled: true
         sources: [web]
         shared_secret: s3cret           # optional; every request then carries X-Signature
+        previous_secrets:               # optional; a rotation's old secret, until its window ends
+          - {secret: old-s3cret, until: "2026-12-01T00:00:00Z"}
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -28,7 +30,7 @@ float seconds.
 
 ``validate_config`` checks every rule and reports every problem at once, each naming its field;
 ``ConfigTable`` is an immutable snapshot with the lookups the router and delivery workers need;
-``config_data`` turns a table back into the file (``pipeline config export``).
+``pipeline.core.config_export.config_data`` turns a table back into the file.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ from __future__ import annotations
 import enum
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ByteSize,
@@ -61,15 +66,14 @@ __all__ = [
     "Batch",
     "Destination",
     "Ordering",
+    "PreviousSecret",
     "Webhook",
     "RetryPolicy",
     "DurationRange",
     "PipelineConfig",
     "ConfigTable",
     "validate_config",
-    "config_data",
-    "batch_data",
-    "bytes_text",
+    "iso_text",
     "MAX_WEBHOOKS",
     "MAX_RETRY_DELAYS",
 ]
@@ -92,6 +96,9 @@ MAX_URL_CHARS = 2048
 MAX_HEADER_VALUE_CHARS = 8192
 MAX_RETRY_DELAYS = 20
 MAX_IN_FLIGHT = 100_000
+#: A rotated secret signs on for at most this long (seconds), and at most this many at once.
+MAX_ROTATION_WINDOW = 7 * 86_400.0
+MAX_PREVIOUS_SECRETS = 5
 #: A batch's limits: at most this many calls, and this many bytes (a receiver's request limit).
 MAX_BATCH_EVENTS = 1000
 MIN_BATCH_BYTES = 1024
@@ -255,6 +262,25 @@ class Batch(_Model):
     max_wait: BatchWait = 1.0
 
 
+Secret = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class PreviousSecret(_Model):
+    """A shared secret being rotated out (``previous_secrets`` in the config file): it still
+    signs until ``until`` (``docs``: X-Signature keeps it to the end of the oldest window;
+    Standard Webhooks' ``webhook-signature`` carries a signature for it beside the current one).
+
+        PreviousSecret(secret="old-s3cret", until="2026-12-01T00:00:00Z")
+    """
+
+    secret: Secret
+    until: AwareDatetime
+
+    @property
+    def until_ms(self) -> int:
+        return int(self.until.timestamp() * 1000)
+
+
 class Ordering(enum.StrEnum):
     """In what order a destination receives calls (``ordering`` in the config file)."""
 
@@ -280,7 +306,12 @@ class Destination(_Model):
     name: str = "Webhooks"
     enabled: bool = True
     sources: list[Id] = Field(min_length=1)
-    shared_secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    shared_secret: Secret | None = None
+    #: Secrets being rotated out, each signing until its window ends (``pipeline config
+    #: rotate-secret``); an ended one is left out of signing, and removed from the config topic.
+    previous_secrets: list[PreviousSecret] = Field(
+        default_factory=list, max_length=MAX_PREVIOUS_SECRETS
+    )
     #: Also sign per the Standard Webhooks spec (replay protection); needs ``shared_secret``.
     standard_webhooks: bool = False
     #: At most this many requests per second to this destination over the whole delivery
@@ -320,6 +351,14 @@ class Destination(_Model):
     def _signing_needs_secret(self) -> Destination:
         if self.standard_webhooks and not self.shared_secret:
             raise ValueError("standard_webhooks needs a shared_secret to sign with")
+        return self
+
+    @model_validator(mode="after")
+    def _previous_secrets_need_one(self) -> Destination:
+        if self.previous_secrets and not self.shared_secret:
+            raise ValueError("previous_secrets needs a shared_secret (the one rotated to)")
+        if any(p.secret == self.shared_secret for p in self.previous_secrets):
+            raise ValueError("previous_secrets repeats the shared_secret; a rotation changes it")
         return self
 
     @model_validator(mode="after")
@@ -395,6 +434,10 @@ def _message(error: Mapping[str, Any]) -> str:
         return f"must be {ctx.get('expected')}, got {error.get('input')!r}"
     if kind == "missing":
         return "is required"
+    if kind.startswith(("datetime", "date_")) or kind == "timezone_aware":
+        return (
+            f"must be a time with its zone, e.g. 2026-12-01T00:00:00Z, got {error.get('input')!r}"
+        )
     if kind == "byte_size":
         return f"must be a size such as 500KB, 1MB or a number of bytes, got {error.get('input')!r}"
     if kind == "string_pattern_mismatch":
@@ -405,8 +448,10 @@ def _message(error: Mapping[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
-def validate_config(data: object) -> PipelineConfig:
-    """Check a parsed config file; ``ConfigError`` lists every problem, each naming its field."""
+def validate_config(data: object, *, now: float | None = None) -> PipelineConfig:
+    """Check a parsed config file; ``ConfigError`` lists every problem, each naming its field.
+    ``now`` (epoch seconds; the clock by default) bounds rotation windows: a previous secret's
+    ``until`` at most ``MAX_ROTATION_WINDOW`` ahead."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -431,7 +476,16 @@ def validate_config(data: object) -> PipelineConfig:
                 )
             key_owner[key] = source.id
     known = {s.id for s in config.sources}
+    latest = (time.time() if now is None else now) + MAX_ROTATION_WINDOW
     for index, dest in enumerate(config.destinations):
+        for number, previous in enumerate(dest.previous_secrets):
+            if previous.until.timestamp() > latest:
+                problems.append(
+                    f"destinations[{index}] ({dest.id}).previous_secrets[{number}].until: "
+                    f"{iso_text(previous.until_ms)} is more than "
+                    f"{format_duration(MAX_ROTATION_WINDOW)} away; a rotation window is at most "
+                    f"{format_duration(MAX_ROTATION_WINDOW)}"
+                )
         for source_id in dest.sources:
             if source_id not in known:
                 problems.append(
@@ -494,100 +548,9 @@ class ConfigTable:
         return self._disabled_by_source.get(source_id, ())
 
 
-def config_data(table: ConfigTable) -> dict[str, Any]:
-    """The config file of ``table``, as ``yaml.safe_dump`` takes it: ``validate_config`` of it
-    builds models equal to the table's, so exporting then applying it changes nothing.
-
-    Sources, then destinations, each sorted by id, with the keys in the order of the example
-    above. A field at its default is left out, except a destination's ``name`` and ``enabled``
-    (what it is, and whether it is on). Durations are text (``10s``, ``4h``). Secrets are written
-    as they are: this is the file ``config apply`` takes, and one without them would clear them.
-    """
-    return {
-        "sources": [_source_data(s) for s in sorted(table.sources.values(), key=lambda s: s.id)],
-        "destinations": [
-            _destination_data(d) for d in sorted(table.destinations.values(), key=lambda d: d.id)
-        ],
-    }
-
-
-def _present(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` without its ``None`` values: the callers map a field at its default to ``None``."""
-    return {key: value for key, value in data.items() if value is not None}
-
-
-def _source_data(source: Source) -> dict[str, Any]:
-    return _present(
-        {
-            "id": source.id,
-            "name": source.name or None,
-            "write_keys": list(source.write_keys) or None,
-            "blocked_events": list(source.blocked_events) or None,
-        }
-    )
-
-
-def _destination_data(dest: Destination) -> dict[str, Any]:
-    retry = dest.retry
-    return _present(
-        {
-            "id": dest.id,
-            "name": dest.name,
-            "enabled": dest.enabled,
-            "sources": list(dest.sources),
-            "shared_secret": dest.shared_secret,
-            "standard_webhooks": dest.standard_webhooks or None,
-            "webhooks": [
-                _present({"url": hook.url, "headers": dict(hook.headers) or None})
-                for hook in dest.webhooks
-            ],
-            "retry": None
-            if retry is None
-            else _present(
-                {
-                    "delays": None
-                    if retry.delays is None
-                    else [_duration_text(delay) for delay in retry.delays],
-                    "deadline": None if retry.deadline is None else _duration_text(retry.deadline),
-                }
-            ),
-            "max_in_flight": dest.max_in_flight,
-            "rate_limit": None if dest.rate_limit is None else _number(dest.rate_limit),
-            "disable_after": None
-            if dest.disable_after is None
-            else _duration_text(dest.disable_after),
-            "ordering": None if dest.ordering is Ordering.NONE else dest.ordering.value,
-            "batch": None if dest.batch is None else batch_data(dest.batch),
-            "disabled_reason": dest.disabled_reason,
-            "disabled_at": dest.disabled_at,
-        }
-    )
-
-
-def batch_data(batch: Batch) -> dict[str, Any]:
-    """``batch`` as the config file writes it: ``{max_events: 100, max_bytes: 500KB,
-    max_wait: 1s}`` (every field, so the file says what the batches are)."""
-    return {
-        "max_events": int(batch.max_events),
-        "max_bytes": bytes_text(batch.max_bytes),
-        "max_wait": _duration_text(batch.max_wait),
-    }
-
-
-def bytes_text(size: int) -> str | int:
-    """``500KB``, ``1MB``: the shortest decimal text for ``size`` bytes, else the number.
-
-    >>> bytes_text(500_000), bytes_text(2_000_000), bytes_text(1536)
-    ('500KB', '2MB', 1536)
-    """
-    for unit, factor in (("MB", 1_000_000), ("KB", 1000)):
-        if size % factor == 0:
-            return f"{size // factor}{unit}"
-    return int(size)  # a plain int: ``ByteSize`` is one, and yaml.safe_dump refuses it
-
-
-def _duration_text(seconds: float) -> str | float:
-    """``10s``, ``4h``: the shortest text that reads back as exactly ``seconds``, else the number
-    itself (``1.0004``), which the file also takes as seconds."""
-    text = format_duration(seconds)
-    return text if duration_seconds(text) == seconds else seconds
+def iso_text(ms: int) -> str:
+    """``2026-12-01T00:00:00Z``: epoch ms as the config file writes a time (to the second, or
+    to the millisecond when it has them)."""
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"

@@ -19,9 +19,8 @@ from pipeline.core.config import (
     Destination,
     Ordering,
     Source,
-    batch_data,
-    config_data,
 )
+from pipeline.core.config_export import batch_data, config_data
 from pipeline.core.durations import HOUR_MS
 from pipeline.core.held_users import HeldUsers
 
@@ -124,6 +123,10 @@ def destination_data(
         data["shared_secret"] = current.shared_secret
     elif action not in ("keep", "clear"):
         raise FormError("shared_secret", f"unknown action {action!r}")
+    if "shared_secret" in data and current is not None and current.previous_secrets:
+        # A rotation's windows go on (the rotate button starts one; clearing ends them).
+        exported = config_data(ConfigTable.build((), (current,)))["destinations"][0]
+        data["previous_secrets"] = exported["previous_secrets"]
     if current is not None and current.standard_webhooks and "shared_secret" in data:
         data["standard_webhooks"] = True
 

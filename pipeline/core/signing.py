@@ -62,17 +62,20 @@ def _standard_signature(message_id: str, timestamp: int, body: bytes, secret: st
 
 
 def standard_webhooks_headers(
-    message_id: str, timestamp: int, body: bytes, secret: str
+    message_id: str, timestamp: int, body: bytes, secret: str, *also: str
 ) -> dict[str, str]:
     """``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (Standard Webhooks v1).
 
     The signature is ``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``; a receiver that checks
-    the timestamp against its clock rejects a captured request replayed later.
+    the timestamp against its clock rejects a captured request replayed later. ``also``: more
+    secrets (a rotation's previous ones), each adding its signature, space-separated, as the
+    spec allows: a receiver holding any one of them verifies the request.
     """
+    signatures = [_standard_signature(message_id, timestamp, body, key) for key in (secret, *also)]
     return {
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": _standard_signature(message_id, timestamp, body, secret),
+        "webhook-signature": " ".join(signatures),
     }
 
 

@@ -2,7 +2,9 @@
 
 With ``--secret`` a request whose ``X-Signature`` does not match the body is answered 401 and
 reported; so is one whose Standard Webhooks headers (when present) do not match or carry a
-timestamp more than 5 minutes from this machine's clock (a replayed capture).
+timestamp more than 5 minutes from this machine's clock (a replayed capture). ``--secret`` given
+more than once (a rotation: the new secret and the old) accepts a request signed with any of them.
+A batching destination's request (a JSON array) is described as its calls.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -34,6 +36,13 @@ class ReceivedCall:
         value = orjson.loads(self.body)
         return value if isinstance(value, dict) else {}
 
+    @property
+    def calls(self) -> list[dict[str, object]]:
+        """The calls the body carries: one, or a batch's array of them."""
+        value = orjson.loads(self.body)
+        items = value if isinstance(value, list) else [value]
+        return [item for item in items if isinstance(item, dict)]
+
 
 @dataclass
 class ReceiverStats:
@@ -45,6 +54,9 @@ def describe(call: ReceivedCall) -> str:
     """One line per call: type, who, what, and the signature verdict."""
     try:
         payload = call.payload
+        if not payload and (calls := call.calls):
+            verdict = _VERDICTS[call.signature_ok]
+            return f"batch of {len(calls)} calls  [{verdict}] {call.path}"
     except orjson.JSONDecodeError:
         return f"{call.path}: body is not JSON ({len(call.body)} bytes)"
     kind = str(payload.get("type", "?"))
@@ -52,38 +64,44 @@ def describe(call: ReceivedCall) -> str:
     what = payload.get("event") or payload.get("name") or payload.get("groupId") or ""
     if kind == "alias":
         what = f"{payload.get('Previous ID')} → {payload.get('User ID')}"
-    verdict = {None: "unsigned", True: "signature ok", False: "SIGNATURE INVALID"}[
-        call.signature_ok
-    ]
+    verdict = _VERDICTS[call.signature_ok]
     what_text = f" {what!s}" if what else ""
     return f"{kind:<8} {who!s}{what_text}  [{verdict}] {call.path}"
+
+
+_VERDICTS = {None: "unsigned", True: "signature ok", False: "SIGNATURE INVALID"}
 
 
 def make_receiver_app(
     *,
     secret: str | None = None,
+    secrets: Sequence[str] = (),
     status: int = 200,
     out: TextIO | None = sys.stdout,
     verbose: bool = False,
     on_call: Callable[[ReceivedCall], None] | None = None,
 ) -> web.Application:
     stats = ReceiverStats()
+    keys = [*([] if secret is None else [secret]), *secrets]
 
     async def receive(request: web.Request) -> web.Response:
         body = await request.read()
         signature_ok = None
-        if secret is not None:
-            signature_ok = verify(body, secret, request.headers.get(SIGNATURE_HEADER))
+        if keys:
+            given = request.headers.get(SIGNATURE_HEADER)
+            signature_ok = any(verify(body, key, given) for key in keys)
             if "webhook-signature" in request.headers:
                 # Standard Webhooks: the signature must match AND be fresh (replay protection).
-                signature_ok = signature_ok and verify_standard_webhooks(
-                    request.headers, body, secret, now=time.time()
+                now = time.time()
+                signature_ok = signature_ok and any(
+                    verify_standard_webhooks(request.headers, body, key, now=now) for key in keys
                 )
         call = ReceivedCall(request.path, dict(request.headers), body, signature_ok)
         if on_call is not None:
             on_call(call)
         try:
-            stats.by_type[str(call.payload.get("type"))] += 1
+            for one in call.calls:
+                stats.by_type[str(one.get("type"))] += 1
         except orjson.JSONDecodeError:
             stats.by_type["invalid"] += 1
         if out is not None:

@@ -42,6 +42,7 @@ from pipeline.core.config import Destination
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.log_entries import RESPONSE_SNIPPET_BYTES
 from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_after
+from pipeline.core.secret_rotation import signing_secrets
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 from pipeline.http.slots import Slots
@@ -181,13 +182,13 @@ class WebhookSender:
         type, user agent, and the signature when the destination has a secret."""
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if destination.shared_secret:
-            headers[SIGNATURE_HEADER] = sign(body, destination.shared_secret)
+            now = time.time()
+            # During a rotation window X-Signature keeps the old secret; Standard Webhooks signs
+            # with every live one (``Destination.signing_secrets``).
+            signing, every = signing_secrets(destination, now)
+            headers[SIGNATURE_HEADER] = sign(body, signing)
             if destination.standard_webhooks:
-                headers.update(
-                    standard_webhooks_headers(
-                        message_id, int(time.time()), body, destination.shared_secret
-                    )
-                )
+                headers.update(standard_webhooks_headers(message_id, int(now), body, *every))
         return headers
 
     async def attempt(

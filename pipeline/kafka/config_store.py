@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Message
@@ -29,6 +30,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     PipelineConfig,
+    PreviousSecret,
     RetryPolicy,
     Source,
     Webhook,
@@ -138,6 +140,9 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "changedBy": origin.changed_by,
         "changedAt": origin.changed_at,
         "ordering": dest.ordering.value,
+        "previousSecrets": [
+            {"secret": p.secret, "until": p.until_ms} for p in dest.previous_secrets
+        ],
         "batch": None
         if dest.batch is None
         else {
@@ -170,6 +175,10 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         disabled_reason=record["disabledReason"],
         disabled_at=record["disabledAt"],
         ordering=record["ordering"],
+        previous_secrets=[
+            PreviousSecret(secret=p["secret"], until=_utc(p["until"]))
+            for p in record["previousSecrets"]
+        ],
         batch=None
         if record["batch"] is None
         else Batch(
@@ -178,6 +187,10 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
             max_wait=record["batch"]["maxWait"],
         ),
     )
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 class ConfigFollower:

@@ -479,7 +479,6 @@ class DeliveryHandler:
         return Concluded(out, logged, conclusion.outcome is Outcome.RETRY)
 
     def failed(self, consumed: ConsumedRecord, record: Delivery, exc: Exception) -> Concluded:
-        """The dead letter of a record a bug stopped (called in the ``except`` block)."""
         return Concluded(self._hand_offs.internal_error(consumed, record, exc), None, False)
 
     async def finish(
@@ -565,9 +564,11 @@ class DeliveryHandler:
             self._lanes.holds.released([partition for _, partition in keys])
 
     def start(self) -> None:
-        """Start what runs beside the records (on the event loop): the sweep of holds."""
+        """Start what runs beside the records: the sweeps of holds and of ended rotations."""
         if self._lanes is not None:
             self._lanes.start_sweep(lambda: self._follower.table)
+        if self.role == "deliver":
+            self._spawn(self._watch.sweep_secrets(lambda: self._follower.table))
 
     def owned_place(self, topic: str) -> tuple[str, int] | None:
         """A partition this handler holds now: of ``topic`` if it holds one, else of any of its

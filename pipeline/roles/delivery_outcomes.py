@@ -13,16 +13,19 @@ and the watch over each destination (operational events, auto-disable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from pipeline.core.admission import ParkReason
-from pipeline.core.config import Destination
+from pipeline.core.config import ConfigTable, Destination
 from pipeline.core.dead_letters import dead_letter
 from pipeline.core.durations import format_duration
 from pipeline.core.outcomes import Outcome
 from pipeline.core.records import DeadLetter, Delivery, dead_letter_to_record
+from pipeline.core.secret_rotation import without_ended_secrets
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.config_store import destination_record
@@ -31,6 +34,9 @@ from pipeline.kafka.errors import Outgoing
 from pipeline.kafka.events import EventEmitter, EventKind
 from pipeline.kafka.producer import Producing
 from pipeline.runtime import metrics
+
+#: How often the deliver role looks for ended rotation windows (seconds).
+SECRETS_SWEEP = 30.0
 
 __all__ = ["DestinationMetrics", "DeadLetters", "DestinationWatch", "dead_letter_of"]
 
@@ -207,6 +213,29 @@ class DestinationWatch:
             update={"enabled": False, "disabled_reason": reason, "disabled_at": int(at * 1000)}
         )
         self._spawn(self._disable(disabled, reason))
+
+    async def sweep_secrets(self, table: Callable[[], ConfigTable]) -> None:
+        """Until the worker stops, every ``SECRETS_SWEEP`` seconds: a destination whose rotation
+        window ended is written again without the ended secret, so it leaves the config topic
+        (compaction then drops the older records). Every deliver role does it; the writes are
+        the same."""
+        swept: dict[str, Destination] = {}  # by id: the version this process swept last
+        while not self._stop.is_set():
+            now = time.time()
+            for destination in table().destinations.values():
+                kept = without_ended_secrets(destination, now)
+                if kept is destination or swept.get(destination.id) == destination:
+                    continue
+                swept[destination.id] = destination
+                record = destination_record(self._config_topic, self._codec, kept)
+                await self._producer.send_all_until_acked([record], self._stop)
+                log.info(
+                    "%s: destination %s: a rotation window ended; its previous secret is removed",
+                    self._role,
+                    destination.id,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), SECRETS_SWEEP)
 
     async def _disable(self, disabled: Destination, reason: str) -> None:
         record = destination_record(self._config_topic, self._codec, disabled)

@@ -408,6 +408,33 @@ def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipe
     assert load_table(pipeline.settings).destinations["created"] == created
 
 
+def test_rotate_the_secret_keeps_the_old_one_for_the_window_and_shows_neither(
+    page: Any, pipeline: Pipeline
+):
+    def secret() -> None:
+        page.check("input[name=secret_action][value=set]")
+        page.fill("input[name=secret]", "first-secret-value")
+
+    dest = f"rotating-{uuid.uuid4().hex[:6]}"
+    create_destination(page, pipeline, dest, secret)
+    expect(page.locator(".rotation")).to_have_count(0)
+    page.fill("#rotate-window", "8d")
+    page.click("#rotate")
+    expect(page.locator(".flash")).to_contain_text("not rotated: window: 8d is outside 1m..7d")
+    assert load_table(pipeline.settings).destinations[dest].shared_secret == "first-secret-value"
+    page.fill("#rotate-window", "2h")
+    page.click("#rotate")
+    expect(page.locator("#rotation-0")).to_contain_text("the previous secret still signs until")
+    rotated = load_table(pipeline.settings).destinations[dest]
+    assert rotated.shared_secret not in (None, "first-secret-value")
+    [previous] = rotated.previous_secrets
+    assert previous.secret == "first-secret-value"
+    assert abs(previous.until.timestamp() - (time.time() + 7200)) < 120
+    content = page.content()
+    assert "first-secret-value" not in content and str(rotated.shared_secret) not in content
+    screenshot(page, "destination-rotating-secret")
+
+
 def test_an_ordered_destination_shows_its_held_users(page: Any, pipeline: Pipeline):
     """Holds written to the ordering changelog (by hand, as the deliver role writes them) show
     on the destination's page, counted, with the oldest; an unordered destination has no line."""

@@ -162,7 +162,9 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port), "--secret", "s"],
+        # Two secrets, as during a rotation: either verifies.
+        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port)]
+        + ["--secret", "s", "--secret", "t"],
         cwd=ROOT,
         env=settings_env(settings),
         stdout=subprocess.PIPE,
@@ -172,9 +174,9 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
         wait_for(lambda: _up(port))
         body = b'{"type":"track"}'
 
-        def post(timestamp: int, secret: str = "s") -> int:
+        def post(timestamp: int, secret: str = "s", signed_with: str = "s") -> int:
             headers = {
-                "X-Signature": sign(body, "s"),
+                "X-Signature": sign(body, signed_with),
                 **standard_webhooks_headers("m1", timestamp, body, secret),
             }
             return httpx.post(
@@ -186,6 +188,8 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
         assert post(int(time.time()) - 310) == 401, "older than the 5-minute tolerance: a replay"
         assert post(int(time.time()) + 310) == 401
         assert post(int(time.time()), secret="other") == 401
+        assert post(int(time.time()), secret="t", signed_with="t") == 200  # the other secret
+        assert post(int(time.time()), secret="t", signed_with="u") == 401
         assert (
             httpx.post(
                 f"http://127.0.0.1:{port}/h", content=body, headers={"X-Signature": "00"}

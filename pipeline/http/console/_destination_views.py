@@ -9,10 +9,12 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
-from pipeline.core.config import ConfigTable, Destination, config_data, validate_config
+from pipeline.core.config import ConfigTable, Destination, validate_config
+from pipeline.core.config_export import config_data
 from pipeline.core.console import (
     Bar,
     FormError,
@@ -23,9 +25,10 @@ from pipeline.core.console import (
     problems_by_field,
     webhook_rows,
 )
-from pipeline.core.durations import HOUR_MS
+from pipeline.core.durations import HOUR_MS, parse_duration
 from pipeline.core.exceptions import ConfigError
-from pipeline.core.timestamps import now_ms
+from pipeline.core.secret_rotation import new_secret, rotated
+from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.http.console._page import Views, local_path, redirect, session_of
 from pipeline.store import DestinationStats
 
@@ -63,6 +66,7 @@ class DestinationViews(Views):
         app.router.add_get("/destinations/{id}", self.destination)
         app.router.add_post("/destinations/{id}", self.save_destination)
         app.router.add_post("/destinations/{id}/toggle", self.toggle_destination)
+        app.router.add_post("/destinations/{id}/rotate-secret", self.rotate_secret)
 
     # ---- overview -------------------------------------------------------------------------------
 
@@ -154,6 +158,8 @@ class DestinationViews(Views):
             origin=origin,
             held_line=held_line,
             pace_line=pace_line,
+            # Windows still open (an ended one leaves the config at the deliver role's sweep).
+            rotations=[p for p in dest.previous_secrets if p.until_ms > now_ms()] if dest else [],
         )
 
     async def destination(self, request: web.Request) -> web.Response:
@@ -241,6 +247,32 @@ class DestinationViews(Views):
             )
             await self.console.save(toggled, session.who)
         raise redirect(back, f"{dest.id} {state}", session)
+
+    async def rotate_secret(self, request: web.Request) -> web.Response:
+        """A new random shared secret, the old one signing on for the window asked (as
+        ``pipeline config rotate-secret``); the new secret is never shown."""
+        form = await request.post()
+        session = session_of(request)
+        back = f"/destinations/{quote(request.match_info['id'])}"
+        try:
+            window = parse_duration(str(form.get("window", "24h")), name="window")
+        except ValueError as exc:
+            raise redirect(back, f"not rotated: {exc}", session) from None
+        async with self.console.lock:
+            dest = self._destination_or_404(request)
+            now = time.time()
+            try:
+                turned = rotated(dest, new_secret(), window, now)
+            except ValueError as exc:
+                raise redirect(back, f"not rotated: {exc}", session) from None
+            await self.console.save(turned, session.who)
+        until = format_timestamp(int((now + window) * 1000))
+        raise redirect(
+            back,
+            f"secret rotated: the previous one signs until {until}; read the new one with "
+            "pipeline config show --show-secrets",
+            session,
+        )
 
 
 def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destination:

@@ -10,6 +10,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     Ordering,
+    PreviousSecret,
     RetryPolicy,
     Source,
     Webhook,
@@ -107,3 +108,21 @@ def test_a_batch_is_shown_with_its_limits() -> None:
     assert "batches" not in format_config(TABLE)
     shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]["batch"]
     assert shown == {"max_events": 50, "max_bytes": "500KB", "max_wait": "250ms"}
+
+
+def test_a_rotation_window_is_shown_and_its_secret_masked() -> None:
+    rotating = POLICY.model_copy(
+        update={
+            "previous_secrets": [
+                PreviousSecret(secret="old-secret-value-77", until="2026-11-30T12:00:00Z")
+            ]
+        }
+    )
+    table = ConfigTable.build([Source(id="web")], [rotating])
+    text = format_config(table)
+    assert "  rotating: the previous secret signs until 2026-11-30T12:00:00.000Z" in text
+    assert "old-secret-value" not in text
+    shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]
+    assert shown["previous_secrets"] == [{"secret": "••••77", "until": "2026-11-30T12:00:00.000Z"}]
+    unmasked = orjson.loads(format_config(table, as_json=True, show_secrets=True))
+    assert unmasked["destinations"][0]["previous_secrets"][0]["secret"] == "old-secret-value-77"

@@ -3,6 +3,9 @@ entity, in any combination ``validate_config`` accepts. Shared by the export tes
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 from hypothesis import strategies as st
 
 from pipeline.core.config import (
@@ -11,6 +14,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     Ordering,
+    PreviousSecret,
     RetryPolicy,
     Source,
     Webhook,
@@ -68,6 +72,13 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
     destinations = []
     for dest_id in draw(st.lists(ids, max_size=3, unique=True)):
         secret = draw(st.none() | texts.filter(bool))
+        previous = []
+        if secret is not None:  # windows that end within the next six days (or have ended)
+            for old in draw(st.lists(texts.filter(bool), max_size=2, unique=True)):
+                if old != secret:
+                    ms = draw(st.integers(-86_400_000, 6 * 86_400_000)) + int(time.time() * 1000)
+                    until = datetime.fromtimestamp(ms / 1000, UTC)
+                    previous.append(PreviousSecret(secret=old, until=until))
         ordering = draw(st.sampled_from(Ordering))
         batch = None if ordering is Ordering.PER_USER else draw(st.none() | batches)
         max_in_flight = draw(st.none() | st.integers(1, 100_000))
@@ -80,6 +91,7 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
                 enabled=draw(st.booleans()),
                 sources=draw(st.lists(st.sampled_from(source_ids), min_size=1, max_size=3)),
                 shared_secret=secret,
+                previous_secrets=previous,
                 standard_webhooks=secret is not None and draw(st.booleans()),
                 rate_limit=draw(st.none() | st.floats(0, 100_000, exclude_min=True)),
                 retry=draw(st.none() | retry_policies),

@@ -531,6 +531,56 @@ def test_a_bad_batch_is_named(written: dict[str, Any], message: str) -> None:
     assert f"destinations[0] (hooks-1){message}" in str(caught.value)
 
 
+NOW = 1_795_000_000.0  # 2026-11-18T08:26:40Z
+ROTATING = {
+    "shared_secret": "new-s3cret",
+    "previous_secrets": [
+        {"secret": "older", "until": "2026-11-19T08:26:40Z"},
+        {"secret": "old", "until": "2026-11-18T20:26:40Z"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        (
+            {"previous_secrets": [{"secret": "old", "until": "2026-11-26T08:26:41Z"}]},
+            ".previous_secrets[0].until: 2026-11-26T08:26:41Z is more than 7d away; "
+            "a rotation window is at most 7d",
+        ),
+        (
+            {"previous_secrets": [{"secret": "old", "until": "2026-11-19T00:00:00"}]},
+            ".previous_secrets[0].until: must be a time with its zone, e.g. "
+            "2026-12-01T00:00:00Z, got '2026-11-19T00:00:00'",
+        ),
+        (
+            {"previous_secrets": [{"secret": "old", "until": "soon"}]},
+            ".previous_secrets[0].until: must be a time with its zone",
+        ),
+        (
+            {"previous_secrets": [{"secret": "new-s3cret", "until": "2026-11-19T00:00:00Z"}]},
+            ": previous_secrets repeats the shared_secret",
+        ),
+        (
+            {
+                "shared_secret": None,
+                "previous_secrets": [{"secret": "old", "until": "2026-11-19T00:00:00Z"}],
+            },
+            ": previous_secrets needs a shared_secret",
+        ),
+        (
+            {"previous_secrets": [{"until": "2026-11-19T00:00:00Z"}]},
+            ".previous_secrets[0].secret: is required",
+        ),
+    ],
+)
+def test_a_bad_rotation_is_named(written: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config(**{"shared_secret": "new-s3cret", **written}), now=NOW)
+    assert f"destinations[0] (hooks-1){message}" in str(caught.value)
+
+
 def test_retry_keys_are_optional_each() -> None:
     only_delays = validate_config(config(retry={"delays": ["30s"]})).destinations[0].retry
     assert only_delays == RetryPolicy(delays=[30.0], deadline=None)

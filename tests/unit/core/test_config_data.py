@@ -15,12 +15,13 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     Ordering,
+    PreviousSecret,
     RetryPolicy,
     Source,
     Webhook,
-    config_data,
     validate_config,
 )
+from pipeline.core.config_export import config_data
 
 from ._config_tables import config_tables
 
@@ -30,6 +31,7 @@ FULL = Destination(
     enabled=False,
     sources=["web", "ios"],
     shared_secret="s3cret",
+    previous_secrets=[PreviousSecret(secret="old-s3cret", until="2026-11-30T12:00:00Z")],
     standard_webhooks=True,
     rate_limit=50.0,
     retry=RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=4 * 3600.0),
@@ -74,6 +76,7 @@ def test_sources_then_destinations_sorted_by_id_with_the_documented_key_order() 
         "enabled",
         "sources",
         "shared_secret",
+        "previous_secrets",
         "standard_webhooks",
         "webhooks",
         "retry",
@@ -127,6 +130,7 @@ def test_a_batch_is_written_whole_in_the_units_the_file_takes() -> None:
 def test_secrets_are_exported() -> None:
     hooks = config_data(TABLE)["destinations"][0]
     assert hooks["shared_secret"] == "s3cret"
+    assert hooks["previous_secrets"] == [{"secret": "old-s3cret", "until": "2026-11-30T12:00:00Z"}]
     assert hooks["webhooks"][0]["headers"] == {"Authorization": "Bearer abc"}
     assert config_data(TABLE)["sources"][1]["write_keys"] == ["wk_live_1"]
 

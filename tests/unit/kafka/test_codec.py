@@ -182,6 +182,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "changedAt": 1_795_470_065_000,
         "ordering": "per_user",
         "batch": {"maxEvents": 100, "maxBytes": 500_000, "maxWait": 1.0},
+        "previousSecrets": [{"secret": "old-s3cret", "until": 1_795_600_000_000}],
     },
 }
 
@@ -194,6 +195,9 @@ ORDERING_DEFAULTS = {"ordering": "none"}
 
 #: The Destination field added after schemas/history/destination.v5.avsc, with its default.
 BATCH_DEFAULTS = {"batch": None}
+
+#: The Destination field added after schemas/history/destination.v6.avsc, with its default.
+ROTATION_DEFAULTS: dict[str, Any] = {"previousSecrets": []}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -228,6 +232,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *ORIGIN_DEFAULTS,
             *ORDERING_DEFAULTS,
             *BATCH_DEFAULTS,
+            *ROTATION_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -242,6 +247,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **ORIGIN_DEFAULTS,
         **ORDERING_DEFAULTS,
         **BATCH_DEFAULTS,
+        **ROTATION_DEFAULTS,
     }
 
 
@@ -256,7 +262,13 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         k: v
         for k, v in RECORDS["Destination"].items()
         if k
-        not in (*DESTINATION_V3_DEFAULTS, *ORIGIN_DEFAULTS, *ORDERING_DEFAULTS, *BATCH_DEFAULTS)
+        not in (
+            *DESTINATION_V3_DEFAULTS,
+            *ORIGIN_DEFAULTS,
+            *ORDERING_DEFAULTS,
+            *BATCH_DEFAULTS,
+            *ROTATION_DEFAULTS,
+        )
     }
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {
@@ -265,6 +277,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **ORIGIN_DEFAULTS,
         **ORDERING_DEFAULTS,
         **BATCH_DEFAULTS,
+        **ROTATION_DEFAULTS,
     }
 
 
@@ -279,7 +292,11 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORIGIN_DEFAULTS)
     later = {
         **ORIGIN_DEFAULTS,
-        **({**ORDERING_DEFAULTS, **BATCH_DEFAULTS} if name == "Destination" else {}),
+        **(
+            {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS}
+            if name == "Destination"
+            else {}
+        ),
     }
     record = {k: v for k, v in RECORDS[name].items() if k not in later}
     assert codec.decode(name, write_with(old, record)) == {**record, **later}
@@ -289,7 +306,7 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
     """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
     old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
-    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS}
+    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -300,9 +317,19 @@ def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(code
     request."""
     old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in BATCH_DEFAULTS}
+    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **BATCH_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(codec: Codec) -> None:
+    """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
+    old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ROTATION_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **ROTATION_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))
