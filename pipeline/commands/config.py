@@ -321,8 +321,10 @@ def _duration(seconds: float | None) -> str | None:
 
 
 def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
-    """One destination with the config file's keys, durations as text (``10s``, ``4h``)."""
+    """One destination with the config file's keys, durations as text (``10s``, ``4h``), and the
+    public key of its signing key."""
     from pipeline.core.config_export import batch_data
+    from pipeline.core.signing import public_key_of
 
     return {
         "id": d.id,
@@ -335,6 +337,9 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
             for p in d.previous_secrets
         ],
         "standard_webhooks": d.standard_webhooks,
+        "signing": None if d.signing is None else d.signing.value,
+        "signing_key": _mask(d.signing_key, show_secrets),
+        "signing_public_key": None if d.signing_key is None else public_key_of(d.signing_key),
         "webhooks": [
             {
                 "url": w.url,
@@ -451,6 +456,8 @@ def format_config(
             f"{','.join(d['sources']):<16} {'yes' if d['shared_secret'] else 'no':<7} {urls}"
         )
         lines.append(f"  {_policy_line(d)}")
+        if d["signing_public_key"] is not None:
+            lines.append(f"  signing {d['signing']}: public key {d['signing_public_key']}")
         for previous in d["previous_secrets"]:
             lines.append(f"  rotating: the previous secret signs until {previous['until']}")
         if d["disabled_reason"] is not None:

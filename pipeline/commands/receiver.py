@@ -23,6 +23,10 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="shared secret: verify X-Signature and Standard Webhooks (401 when wrong); give it "
         "twice during a rotation (new and old): either verifies",
     )
+    parser.add_argument(
+        "--public-key",
+        help="Ed25519 public key (whpk_…, config show): verify the v1a signature (401 when wrong)",
+    )
     parser.add_argument("--status", type=int, default=200, help="status to answer (default 200)")
     parser.add_argument("--body", action="store_true", help="print each body too")
     parser.set_defaults(run=run)
@@ -33,7 +37,9 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
 
     from pipeline.http.receiver import make_receiver_app
 
-    app = make_receiver_app(secrets=args.secret, status=args.status, verbose=args.body)
+    app = make_receiver_app(
+        secrets=args.secret, public_key=args.public_key, status=args.status, verbose=args.body
+    )
     print(f"receiver on http://{args.host}:{args.port}/ (any path)", file=sys.stderr)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0

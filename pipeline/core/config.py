@@ -15,6 +15,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         shared_secret: s3cret           # optional; every request then carries X-Signature
         previous_secrets:               # optional; a rotation's old secret, until its window ends
           - {secret: old-s3cret, until: "2026-12-01T00:00:00Z"}
+        signing: ed25519                # optional; Standard Webhooks v1a signatures too
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -46,6 +47,7 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -59,6 +61,7 @@ from pydantic import (
 
 from pipeline.core.durations import DURATION_HINT, duration_seconds, format_duration
 from pipeline.core.exceptions import ConfigError
+from pipeline.core.signing import check_signing_key
 
 __all__ = [
     "shown_write_key",
@@ -67,6 +70,7 @@ __all__ = [
     "Destination",
     "Ordering",
     "PreviousSecret",
+    "Signing",
     "Webhook",
     "RetryPolicy",
     "DurationRange",
@@ -291,6 +295,17 @@ class Ordering(enum.StrEnum):
     them: a call waiting in a retry tier or parked holds that user's later calls back."""
 
 
+class Signing(enum.StrEnum):
+    """Asymmetric signatures a destination's requests carry (``signing`` in the config file)."""
+
+    ED25519 = "ed25519"
+    """Standard Webhooks ``v1a``: Ed25519 with the destination's ``signing_key``; its receivers
+    verify with the public key (``config show``, the console) and hold no secret."""
+
+
+SigningKey = Annotated[str, AfterValidator(check_signing_key)]
+
+
 class Source(_Model):
     id: Id
     name: str = ""
@@ -314,6 +329,11 @@ class Destination(_Model):
     )
     #: Also sign per the Standard Webhooks spec (replay protection); needs ``shared_secret``.
     standard_webhooks: bool = False
+    #: ``ed25519``: Standard Webhooks ``v1a`` signatures as well, with ``signing_key``.
+    signing: Signing | None = None
+    #: The Ed25519 private key (``whsk_…``): made by ``config apply`` (or the console) when
+    #: ``signing`` is set and the file has none, kept across applies; never shown.
+    signing_key: SigningKey | None = None
     #: At most this many requests per second to this destination over the whole delivery
     #: consumer group (all processes together). Until the group-wide limiter lands, each
     #: process applies it on its own.
@@ -351,6 +371,12 @@ class Destination(_Model):
     def _signing_needs_secret(self) -> Destination:
         if self.standard_webhooks and not self.shared_secret:
             raise ValueError("standard_webhooks needs a shared_secret to sign with")
+        return self
+
+    @model_validator(mode="after")
+    def _signing_key_needs_signing(self) -> Destination:
+        if self.signing_key is not None and self.signing is None:
+            raise ValueError("signing_key needs signing: ed25519")
         return self
 
     @model_validator(mode="after")

@@ -66,6 +66,8 @@ def _destination_data(dest: Destination) -> dict[str, Any]:
             ]
             or None,
             "standard_webhooks": dest.standard_webhooks or None,
+            "signing": None if dest.signing is None else dest.signing.value,
+            "signing_key": dest.signing_key,
             "webhooks": [
                 _present({"url": hook.url, "headers": dict(hook.headers) or None})
                 for hook in dest.webhooks

@@ -18,6 +18,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     Ordering,
+    Signing,
     Source,
 )
 from pipeline.core.config_export import batch_data, config_data
@@ -91,7 +92,8 @@ def destination_data(
     ``url_N`` / ``headers_N`` per webhook row, ``secret_action`` (``keep``, ``set``, ``clear``)
     with ``secret``, and the policy: ``retry_delays`` (``10s, 1m``), ``retry_deadline``,
     ``max_in_flight``, ``rate_limit``, ``disable_after``; an empty policy field means the global
-    setting; ``ordering`` (``none``, ``per_user``; left out: the current one's); ``batch``
+    setting; ``ordering`` (``none``, ``per_user``; left out: the current one's); ``signing``
+    (``none``, ``ed25519``; left out: the current one's; the key is never in a form); ``batch``
     (``on``, ``off``; left out: the current batch) with ``batch_max_events``,
     ``batch_max_bytes`` and ``batch_max_wait`` (empty: the batch's default).
     ``sources`` are the ticked source ids. Rows without a URL are left out (that is how a
@@ -147,6 +149,13 @@ def destination_data(
     ordering = form.get("ordering", current.ordering.value if current is not None else "").strip()
     if ordering and ordering != Ordering.NONE:
         data["ordering"] = ordering
+    signing = form.get("signing", current.signing or "none" if current is not None else "none")
+    if signing == Signing.ED25519:
+        data["signing"] = signing
+        if current is not None and current.signing_key:  # the key stays: its receivers have it
+            data["signing_key"] = current.signing_key
+    elif signing != "none":
+        raise FormError("signing", f"must be none or ed25519, got {signing!r}")
     batch = _batch_data(form, current)
     if batch is not None:
         data["batch"] = batch
@@ -189,6 +198,7 @@ def destination_form(dest: Destination | None) -> dict[str, str]:
         "rate_limit": "" if dest.rate_limit is None else _number_text(dest.rate_limit),
         "disable_after": str(exported.get("disable_after") or ""),
         "ordering": dest.ordering.value,
+        "signing": "none" if dest.signing is None else dest.signing.value,
         "batch": "off" if dest.batch is None else "on",
     }
     if dest.batch is not None:

@@ -29,8 +29,16 @@ from pipeline.core.config import (
     PreviousSecret,
 )
 from pipeline.core.durations import format_duration
+from pipeline.core.signing import new_signing_key
 
-__all__ = ["MIN_WINDOW", "new_secret", "rotated", "signing_secrets", "without_ended_secrets"]
+__all__ = [
+    "MIN_WINDOW",
+    "keyed",
+    "new_secret",
+    "rotated",
+    "signing_secrets",
+    "without_ended_secrets",
+]
 
 #: The shortest rotation window ``rotated`` takes (seconds).
 MIN_WINDOW = 60.0
@@ -78,6 +86,16 @@ def rotated(destination: Destination, secret: str, window: float, now: float) ->
     until = datetime.fromtimestamp(now + window, UTC)
     previous = [*live, PreviousSecret(secret=destination.shared_secret, until=until)]
     return destination.model_copy(update={"shared_secret": secret, "previous_secrets": previous})
+
+
+def keyed(destination: Destination, current: Destination | None) -> Destination:
+    """``destination`` with an Ed25519 signing key when it asks for ``signing: ed25519`` and its
+    file has none: the key ``current`` (the live version) has, else a new one. So a config file
+    need not hold the private key, and applying it again keeps the key receivers know."""
+    if destination.signing is None or destination.signing_key is not None:
+        return destination
+    key = current.signing_key if current is not None and current.signing_key else None
+    return destination.model_copy(update={"signing_key": key or new_signing_key()})
 
 
 def without_ended_secrets(destination: Destination, now: float) -> Destination:

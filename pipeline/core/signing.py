@@ -6,14 +6,25 @@ received and compares in constant time.
 
     >>> sign(b'{"a":1}', "s3cret")
     '79999786a1bff10cd4d7dd0b0752574af76be0b5'
+
+Standard Webhooks (``standard_webhooks_headers``): ``v1`` signatures are HMAC-SHA256 with a shared
+secret; ``v1a`` signatures are Ed25519 with a destination's signing key (``whsk_`` + base64 of
+its 32 bytes), which its receivers verify with the public key (``whpk_`` + base64), holding no
+secret at all.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 __all__ = [
     "sign",
@@ -22,7 +33,14 @@ __all__ = [
     "standard_webhooks_headers",
     "verify_standard_webhooks",
     "STANDARD_WEBHOOKS_TOLERANCE",
+    "check_signing_key",
+    "new_signing_key",
+    "public_key_of",
+    "verify_ed25519",
 ]
+
+SIGNING_KEY_PREFIX = "whsk_"
+PUBLIC_KEY_PREFIX = "whpk_"
 
 #: Standard Webhooks: a receiver rejects a timestamp further than this from its clock (seconds).
 STANDARD_WEBHOOKS_TOLERANCE = 300
@@ -62,16 +80,25 @@ def _standard_signature(message_id: str, timestamp: int, body: bytes, secret: st
 
 
 def standard_webhooks_headers(
-    message_id: str, timestamp: int, body: bytes, secret: str, *also: str
+    message_id: str,
+    timestamp: int,
+    body: bytes,
+    *secrets: str,
+    signing_key: str | None = None,
 ) -> dict[str, str]:
-    """``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (Standard Webhooks v1).
+    """``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (Standard Webhooks).
 
-    The signature is ``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``; a receiver that checks
-    the timestamp against its clock rejects a captured request replayed later. ``also``: more
-    secrets (a rotation's previous ones), each adding its signature, space-separated, as the
-    spec allows: a receiver holding any one of them verifies the request.
+    Each of ``secrets`` adds a ``v1,`` signature (base64 HMAC-SHA256 of ``id.timestamp.body``;
+    several during a rotation), and ``signing_key`` a ``v1a,`` one (Ed25519 of the same), all
+    space-separated, as the spec allows: a receiver holding any one secret, or the public key,
+    verifies the request. A receiver that checks the timestamp against its clock rejects a
+    captured request replayed later.
     """
-    signatures = [_standard_signature(message_id, timestamp, body, key) for key in (secret, *also)]
+    signatures = [_standard_signature(message_id, timestamp, body, key) for key in secrets]
+    if signing_key is not None:
+        signed = f"{message_id}.{timestamp}.".encode() + body
+        signature = _private_key(signing_key).sign(signed)
+        signatures.append("v1a," + base64.b64encode(signature).decode())
     return {
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
@@ -99,3 +126,71 @@ def verify_standard_webhooks(
         hmac.compare_digest(expected, candidate.encode("ascii", "replace"))
         for candidate in signatures.split()
     )
+
+
+def new_signing_key() -> str:
+    """A new Ed25519 signing key: ``whsk_`` + base64 of its 32 private bytes."""
+    raw = Ed25519PrivateKey.generate().private_bytes_raw()
+    return SIGNING_KEY_PREFIX + base64.b64encode(raw).decode()
+
+
+def check_signing_key(key: str) -> str:
+    """``key`` if it is a signing key (``whsk_`` + base64 of 32 bytes); ``ValueError`` naming
+    the problem, never the key, otherwise."""
+    _raw(key, SIGNING_KEY_PREFIX, "signing key")
+    return key
+
+
+def public_key_of(signing_key: str) -> str:
+    """The public key receivers verify ``v1a`` signatures with: ``whpk_`` + base64 of 32 bytes."""
+    raw = _private_key(signing_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return PUBLIC_KEY_PREFIX + base64.b64encode(raw).decode()
+
+
+def verify_ed25519(
+    headers: Mapping[str, str],
+    body: bytes,
+    public_key: str,
+    *,
+    now: float,
+    tolerance: float = STANDARD_WEBHOOKS_TOLERANCE,
+) -> bool:
+    """True when a ``v1a`` signature of the Standard Webhooks headers verifies ``body`` with
+    ``public_key`` (``whpk_…``) and the timestamp is fresh."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    message_id = lowered.get("webhook-id")
+    stamp = lowered.get("webhook-timestamp", "")
+    if not message_id or not stamp.isdigit() or abs(now - int(stamp)) > tolerance:
+        return False
+    key = Ed25519PublicKey.from_public_bytes(_raw(public_key, PUBLIC_KEY_PREFIX, "public key"))
+    signed = f"{message_id}.{stamp}.".encode() + body
+    for candidate in lowered.get("webhook-signature", "").split():
+        version, _, signature = candidate.partition(",")
+        if version != "v1a":
+            continue
+        try:
+            key.verify(base64.b64decode(signature), signed)
+            return True
+        except (InvalidSignature, binascii.Error, ValueError):
+            continue
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _private_key(signing_key: str) -> Ed25519PrivateKey:
+    """The key object of ``signing_key``, made once (a request signs with it)."""
+    return Ed25519PrivateKey.from_private_bytes(
+        _raw(signing_key, SIGNING_KEY_PREFIX, "signing key")
+    )
+
+
+def _raw(key: str, prefix: str, what: str) -> bytes:
+    if not key.startswith(prefix):
+        raise ValueError(f"is not an Ed25519 {what}: it must start with {prefix!r}")
+    try:
+        raw = base64.b64decode(key[len(prefix) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"is not an Ed25519 {what}: {prefix} must be followed by base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"is not an Ed25519 {what}: it must hold 32 bytes, not {len(raw)}")
+    return raw

@@ -19,7 +19,12 @@ from typing import TextIO
 import orjson
 from aiohttp import web
 
-from pipeline.core.signing import SIGNATURE_HEADER, verify, verify_standard_webhooks
+from pipeline.core.signing import (
+    SIGNATURE_HEADER,
+    verify,
+    verify_ed25519,
+    verify_standard_webhooks,
+)
 
 __all__ = ["ReceivedCall", "make_receiver_app", "describe"]
 
@@ -76,6 +81,7 @@ def make_receiver_app(
     *,
     secret: str | None = None,
     secrets: Sequence[str] = (),
+    public_key: str | None = None,
     status: int = 200,
     out: TextIO | None = sys.stdout,
     verbose: bool = False,
@@ -86,16 +92,19 @@ def make_receiver_app(
 
     async def receive(request: web.Request) -> web.Response:
         body = await request.read()
-        signature_ok = None
+        signature_ok = None  # every check asked for must pass
+        now = time.time()
+        if public_key is not None:  # Ed25519 (v1a): no secret needed
+            signature_ok = verify_ed25519(request.headers, body, public_key, now=now)
         if keys:
             given = request.headers.get(SIGNATURE_HEADER)
-            signature_ok = any(verify(body, key, given) for key in keys)
-            if "webhook-signature" in request.headers:
+            hmac_ok = any(verify(body, key, given) for key in keys)
+            if "webhook-signature" in request.headers and not public_key:
                 # Standard Webhooks: the signature must match AND be fresh (replay protection).
-                now = time.time()
-                signature_ok = signature_ok and any(
+                hmac_ok = hmac_ok and any(
                     verify_standard_webhooks(request.headers, body, key, now=now) for key in keys
                 )
+            signature_ok = hmac_ok and signature_ok is not False
         call = ReceivedCall(request.path, dict(request.headers), body, signature_ok)
         if on_call is not None:
             on_call(call)

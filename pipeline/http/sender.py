@@ -181,14 +181,22 @@ class WebhookSender:
         """The headers every webhook of ``destination`` gets for ``body`` (signed once): content
         type, user agent, and the signature when the destination has a secret."""
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+        if destination.shared_secret is None and destination.signing_key is None:
+            return headers
+        now = time.time()
+        every: list[str] = []
         if destination.shared_secret:
-            now = time.time()
             # During a rotation window X-Signature keeps the old secret; Standard Webhooks signs
-            # with every live one (``Destination.signing_secrets``).
+            # with every live one (``signing_secrets``).
             signing, every = signing_secrets(destination, now)
             headers[SIGNATURE_HEADER] = sign(body, signing)
-            if destination.standard_webhooks:
-                headers.update(standard_webhooks_headers(message_id, int(now), body, *every))
+            if not destination.standard_webhooks:
+                every = []
+        key = destination.signing_key  # Ed25519: a v1a signature beside the v1 ones
+        if every or key:
+            headers.update(
+                standard_webhooks_headers(message_id, int(now), body, *every, signing_key=key)
+            )
         return headers
 
     async def attempt(

@@ -36,6 +36,7 @@ from pipeline.core.config import (
     Webhook,
 )
 from pipeline.core.exceptions import BrokerUnavailable, UndecodableRecord
+from pipeline.core.secret_rotation import keyed
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import topics_for
@@ -140,6 +141,8 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "changedBy": origin.changed_by,
         "changedAt": origin.changed_at,
         "ordering": dest.ordering.value,
+        "signing": None if dest.signing is None else dest.signing.value,
+        "signingKey": dest.signing_key,
         "previousSecrets": [
             {"secret": p.secret, "until": p.until_ms} for p in dest.previous_secrets
         ],
@@ -175,6 +178,8 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         disabled_reason=record["disabledReason"],
         disabled_at=record["disabledAt"],
         ordering=record["ordering"],
+        signing=record["signing"],
+        signing_key=record["signingKey"],
         previous_secrets=[
             PreviousSecret(secret=p["secret"], until=_utc(p["until"]))
             for p in record["previousSecrets"]
@@ -334,7 +339,8 @@ def _plan(
     for source in config.sources:
         desired[entity_key(source)] = (source, current.sources.get(source.id))
     for dest in config.destinations:
-        desired[entity_key(dest)] = (dest, current.destinations.get(dest.id))
+        live = current.destinations.get(dest.id)
+        desired[entity_key(dest)] = (keyed(dest, live), live)
     for key, (new, old) in desired.items():
         if old == new:
             plan.unchanged.append(key)

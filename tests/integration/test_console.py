@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 
 from pipeline.core.pace import Report, report_key
 from pipeline.core.settings import Settings
-from pipeline.core.signing import sign
+from pipeline.core.signing import public_key_of, sign
 from pipeline.http.console import make_console_app
 from pipeline.kafka.broker import EmbeddedBroker
 from pipeline.kafka.clients import create_topics, topics_for
@@ -408,16 +408,22 @@ def test_secret_is_set_never_shown_and_policy_is_saved(page: Any, pipeline: Pipe
     assert load_table(pipeline.settings).destinations["created"] == created
 
 
-def test_rotate_the_secret_keeps_the_old_one_for_the_window_and_shows_neither(
+def test_rotate_the_secret_keeps_the_old_one_for_the_window_and_shows_no_secret(
     page: Any, pipeline: Pipeline
 ):
     def secret() -> None:
         page.check("input[name=secret_action][value=set]")
         page.fill("input[name=secret]", "first-secret-value")
+        page.select_option("#signing", "ed25519")
 
     dest = f"rotating-{uuid.uuid4().hex[:6]}"
     create_destination(page, pipeline, dest, secret)
     expect(page.locator(".rotation")).to_have_count(0)
+    # Ed25519: the key was made on save; the page shows its public key, never the key.
+    signing_key = load_table(pipeline.settings).destinations[dest].signing_key
+    assert signing_key is not None
+    expect(page.locator("#public-key")).to_have_text(public_key_of(signing_key))
+    assert signing_key not in page.content()
     page.fill("#rotate-window", "8d")
     page.click("#rotate")
     expect(page.locator(".flash")).to_contain_text("not rotated: window: 8d is outside 1m..7d")
@@ -432,6 +438,7 @@ def test_rotate_the_secret_keeps_the_old_one_for_the_window_and_shows_neither(
     assert abs(previous.until.timestamp() - (time.time() + 7200)) < 120
     content = page.content()
     assert "first-secret-value" not in content and str(rotated.shared_secret) not in content
+    assert rotated.signing_key == signing_key and signing_key not in content
     screenshot(page, "destination-rotating-secret")
 
 

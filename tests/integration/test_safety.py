@@ -238,3 +238,39 @@ def test_secrets_never_appear_in_logs_listings_or_config_show(
     shown = orjson.loads(outputs["config show --json"])["destinations"][0]
     assert shown["shared_secret"].startswith("••••")
     assert shown["webhooks"][0]["headers"]["Authorization"].startswith("••••")
+
+
+def test_receiver_command_verifies_ed25519_with_the_public_key(settings):
+    import httpx
+
+    from pipeline.core.signing import new_signing_key, public_key_of, standard_webhooks_headers
+    from pipeline.runtime.net import free_port
+
+    key = new_signing_key()
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port)]
+        + ["--public-key", public_key_of(key)],
+        cwd=ROOT,
+        env=settings_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _up(port))
+        body = b'{"type":"track"}'
+
+        def post(signing_key: str, timestamp: int) -> int:
+            headers = standard_webhooks_headers("m1", timestamp, body, signing_key=signing_key)
+            return httpx.post(
+                f"http://127.0.0.1:{port}/h", content=body, headers=headers
+            ).status_code
+
+        assert post(key, int(time.time())) == 200
+        assert post(new_signing_key(), int(time.time())) == 401  # another key's signature
+        assert post(key, int(time.time()) - 310) == 401  # a replay
+    finally:
+        process.kill()
+        process.wait(10)
+        assert process.stdout is not None
+        process.stdout.close()

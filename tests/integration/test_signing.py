@@ -100,3 +100,42 @@ def test_a_rotated_secret_signs_on_through_its_window_then_only_the_new_one(
     assert too_long.returncode == 1
     assert "window: 8d is outside 1m..7d" in too_long.stderr
     assert load_table(settings).destinations["hooks"] == hooks  # nothing applied
+
+
+def test_ed25519_signatures_verify_with_the_published_public_key(
+    settings, receiver_factory, worker_factory
+):
+    """``signing: ed25519`` without a key in the file: apply makes one, applying the file again
+    keeps it, ``config show`` publishes its public key and never the key, and every request
+    carries a v1a signature that verifies with that public key (checked with ``cryptography``)."""
+    import base64
+
+    import orjson
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    receiver = receiver_factory()
+    config = simple_config(receiver.url, signing="ed25519")
+    apply(settings, config)
+    key = load_table(settings).destinations["hooks"].signing_key
+    assert key is not None and key.startswith("whsk_")
+    apply(settings, config)  # the same file again: the key receivers know stays
+    assert load_table(settings).destinations["hooks"].signing_key == key
+
+    shown = run_cli(settings, "config", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert key not in shown.stdout
+    public = orjson.loads(shown.stdout)["destinations"][0]["signing_public_key"]
+    assert public.startswith("whpk_")
+
+    worker_factory(settings)
+    send_calls(settings, call("signed"), "wk")
+    wait_for(lambda: receiver.count() == 1)
+    [request] = receiver.requests
+    assert SIGNATURE_HEADER not in request.headers  # no shared secret: no HMAC
+    [signature] = request.headers["webhook-signature"].split()
+    version, _, value = signature.partition(",")
+    assert version == "v1a"
+    signed = f"{request.headers['webhook-id']}.{request.headers['webhook-timestamp']}.".encode()
+    verifier = Ed25519PublicKey.from_public_bytes(base64.b64decode(public.removeprefix("whpk_")))
+    verifier.verify(base64.b64decode(value), signed + request.body)  # raises when it does not
+    assert request.headers["webhook-id"] == "signed"

@@ -27,7 +27,8 @@ from pipeline.core.console import (
 )
 from pipeline.core.durations import HOUR_MS, parse_duration
 from pipeline.core.exceptions import ConfigError
-from pipeline.core.secret_rotation import new_secret, rotated
+from pipeline.core.secret_rotation import keyed, new_secret, rotated
+from pipeline.core.signing import public_key_of
 from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.http.console._page import Views, local_path, redirect, session_of
 from pipeline.store import DestinationStats
@@ -160,6 +161,7 @@ class DestinationViews(Views):
             pace_line=pace_line,
             # Windows still open (an ended one leaves the config at the deliver role's sweep).
             rotations=[p for p in dest.previous_secrets if p.until_ms > now_ms()] if dest else [],
+            public_key=public_key_of(dest.signing_key) if dest and dest.signing_key else None,
         )
 
     async def destination(self, request: web.Request) -> web.Response:
@@ -216,6 +218,7 @@ class DestinationViews(Views):
                 )
             if live is not None:  # the pipeline's own marks stay unless the state changed
                 dest = _keep_disable_marks(live, dest)
+            dest = keyed(dest, live)  # Ed25519 asked for: the live key, or a new one
             changed = await self.console.save(dest, session.who)
         flash = f"saved: {', '.join(changed)}" if changed else "nothing changed"
         raise redirect(f"/destinations/{dest.id}", flash, session)

@@ -12,6 +12,7 @@ from pipeline.core.config import (
     Ordering,
     PreviousSecret,
     RetryPolicy,
+    Signing,
     Source,
     Webhook,
 )
@@ -108,6 +109,20 @@ def test_a_batch_is_shown_with_its_limits() -> None:
     assert "batches" not in format_config(TABLE)
     shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]["batch"]
     assert shown == {"max_events": 50, "max_bytes": "500KB", "max_wait": "250ms"}
+
+
+def test_the_public_key_is_shown_and_the_signing_key_never() -> None:
+    from pipeline.core.signing import new_signing_key, public_key_of
+
+    key = new_signing_key()
+    signed = PLAIN.model_copy(update={"signing": Signing.ED25519, "signing_key": key})
+    table = ConfigTable.build([Source(id="web")], [signed])
+    text = format_config(table)
+    assert f"  signing ed25519: public key {public_key_of(key)}" in text
+    assert key not in text and key not in format_config(table, as_json=True)
+    shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]
+    assert shown["signing_public_key"] == public_key_of(key)
+    assert shown["signing_key"].startswith("••••")
 
 
 def test_a_rotation_window_is_shown_and_its_secret_masked() -> None:

@@ -16,9 +16,11 @@ from pipeline.core.config import (
     Ordering,
     PreviousSecret,
     RetryPolicy,
+    Signing,
     Source,
     Webhook,
 )
+from pipeline.core.signing import new_signing_key
 
 __all__ = ["config_tables"]
 
@@ -48,6 +50,8 @@ retry_policies = st.builds(
     delays=st.none() | st.lists(durations(1.0, 7 * 86_400.0), min_size=1, max_size=5),
     deadline=st.none() | durations(60.0, 7 * 86_400.0),
 )
+#: Ed25519 signing keys: a few made once (making one per example is slow).
+signing_keys = st.sampled_from([new_signing_key() for _ in range(3)])
 batches = st.builds(
     Batch,
     max_events=st.integers(1, 1000),
@@ -79,6 +83,7 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
                     ms = draw(st.integers(-86_400_000, 6 * 86_400_000)) + int(time.time() * 1000)
                     until = datetime.fromtimestamp(ms / 1000, UTC)
                     previous.append(PreviousSecret(secret=old, until=until))
+        signed = draw(st.booleans())
         ordering = draw(st.sampled_from(Ordering))
         batch = None if ordering is Ordering.PER_USER else draw(st.none() | batches)
         max_in_flight = draw(st.none() | st.integers(1, 100_000))
@@ -92,6 +97,8 @@ def config_tables(draw: st.DrawFn) -> ConfigTable:
                 sources=draw(st.lists(st.sampled_from(source_ids), min_size=1, max_size=3)),
                 shared_secret=secret,
                 previous_secrets=previous,
+                signing=Signing.ED25519 if signed else None,
+                signing_key=draw(signing_keys) if signed else None,
                 standard_webhooks=secret is not None and draw(st.booleans()),
                 rate_limit=draw(st.none() | st.floats(0, 100_000, exclude_min=True)),
                 retry=draw(st.none() | retry_policies),

@@ -573,6 +573,12 @@ ROTATING = {
             {"previous_secrets": [{"until": "2026-11-19T00:00:00Z"}]},
             ".previous_secrets[0].secret: is required",
         ),
+        ({"signing": "rsa"}, ".signing: must be 'ed25519', got 'rsa'"),
+        ({"signing_key": "whsk_" + "A" * 43 + "="}, ": signing_key needs signing: ed25519"),
+        (
+            {"signing": "ed25519", "signing_key": "whsk_AAAA"},
+            ".signing_key: is not an Ed25519 signing key: it must hold 32 bytes, not 3",
+        ),
     ],
 )
 def test_a_bad_rotation_is_named(written: dict[str, Any], message: str) -> None:

@@ -17,14 +17,17 @@ from pipeline.core.config import (
     Ordering,
     PreviousSecret,
     RetryPolicy,
+    Signing,
     Source,
     Webhook,
     validate_config,
 )
 from pipeline.core.config_export import config_data
+from pipeline.core.signing import new_signing_key
 
 from ._config_tables import config_tables
 
+KEY = new_signing_key()
 FULL = Destination(
     id="hooks",
     name="Webhooks",
@@ -33,6 +36,8 @@ FULL = Destination(
     shared_secret="s3cret",
     previous_secrets=[PreviousSecret(secret="old-s3cret", until="2026-11-30T12:00:00Z")],
     standard_webhooks=True,
+    signing=Signing.ED25519,
+    signing_key=KEY,
     rate_limit=50.0,
     retry=RetryPolicy(delays=[10.0, 60.0, 300.0, 1800.0, 3600.0], deadline=4 * 3600.0),
     max_in_flight=200,
@@ -78,6 +83,8 @@ def test_sources_then_destinations_sorted_by_id_with_the_documented_key_order() 
         "shared_secret",
         "previous_secrets",
         "standard_webhooks",
+        "signing",
+        "signing_key",
         "webhooks",
         "retry",
         "max_in_flight",
@@ -130,6 +137,7 @@ def test_a_batch_is_written_whole_in_the_units_the_file_takes() -> None:
 def test_secrets_are_exported() -> None:
     hooks = config_data(TABLE)["destinations"][0]
     assert hooks["shared_secret"] == "s3cret"
+    assert (hooks["signing"], hooks["signing_key"]) == ("ed25519", KEY)  # the file keeps the key
     assert hooks["previous_secrets"] == [{"secret": "old-s3cret", "until": "2026-11-30T12:00:00Z"}]
     assert hooks["webhooks"][0]["headers"] == {"Authorization": "Bearer abc"}
     assert config_data(TABLE)["sources"][1]["write_keys"] == ["wk_live_1"]

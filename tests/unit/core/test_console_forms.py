@@ -11,6 +11,7 @@ from pipeline.core.config import (
     ConfigTable,
     Destination,
     Ordering,
+    Signing,
     Source,
     Webhook,
     validate_config,
@@ -162,6 +163,23 @@ def test_the_form_shows_the_destinations_batch_and_round_trips():
     assert (shown["batch_max_bytes"], shown["batch_max_wait"]) == ("2MB", "250ms")
     again = destination_data({**shown, "secret_action": "keep"}, ["web"], batched)
     assert validated(again).batch == batched.batch
+
+
+def test_the_signing_select_keeps_the_key_and_never_shows_it():
+    from pipeline.core.signing import new_signing_key
+
+    asked = destination_data(form(signing="ed25519"), ["web"], CURRENT)
+    assert asked["signing"] == "ed25519" and "signing_key" not in asked  # made when saved
+    key = new_signing_key()
+    signed = CURRENT.model_copy(update={"signing": Signing.ED25519, "signing_key": key})
+    shown = destination_form(signed)
+    assert shown["signing"] == "ed25519" and key not in shown.values()
+    kept = destination_data({**shown, "secret_action": "keep"}, ["web"], signed)
+    assert validated(kept).signing_key == key
+    assert "signing" not in destination_data(form(signing="none"), ["web"], signed)
+    with pytest.raises(FormError) as refused:
+        destination_data(form(signing="rsa"), ["web"], CURRENT)
+    assert refused.value.field == "signing"
 
 
 def test_a_bad_batch_is_refused_next_to_its_field():

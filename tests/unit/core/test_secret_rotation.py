@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.core.config import Destination, validate_config
 from pipeline.core.secret_rotation import (
+    keyed,
     new_secret,
     rotated,
     signing_secrets,
@@ -71,6 +72,23 @@ def test_at_most_five_windows_are_open() -> None:
     with pytest.raises(ValueError, match="already has 5 rotation windows open"):
         rotated(dest, "s6", 3600.0, NOW + 5)
     assert len(rotated(dest, "s6", 3600.0, NOW + 3605).previous_secrets) == 1
+
+
+def test_a_destination_asking_for_ed25519_keeps_its_live_key_or_gets_a_new_one() -> None:
+    from pipeline.core.config import Signing
+    from pipeline.core.signing import new_signing_key
+
+    plain = Destination(id="hooks", sources=["web"], webhooks=[{"url": "https://a.example/"}])
+    asking = plain.model_copy(update={"signing": Signing.ED25519})
+    live_key = new_signing_key()
+    live = asking.model_copy(update={"signing_key": live_key})
+    assert keyed(asking, live).signing_key == live_key  # applied again: the same key
+    fresh = keyed(asking, None).signing_key
+    assert fresh is not None and fresh != live_key  # a new destination: a new key
+    assert keyed(asking, plain).signing_key not in (None, live_key)  # signing just turned on
+    given = asking.model_copy(update={"signing_key": new_signing_key()})
+    assert keyed(given, live) is given  # a file with a key: that key
+    assert keyed(plain, live) is plain  # no signing: nothing to do
 
 
 def test_a_new_secret_is_random_and_in_the_standard_webhooks_form() -> None:

@@ -93,3 +93,62 @@ def test_verify_rejects_a_changed_body() -> None:
 def test_verify_rejects_non_ascii_signature_instead_of_raising(signature: str) -> None:
     # A receiver passes the header value straight in; garbage must mean "rejected", not a crash.
     assert verify(BODY, "s3cret", signature) is False
+
+
+# ---- Standard Webhooks: several secrets, and Ed25519 (v1a) ----------------------------------------
+
+
+def test_each_secret_of_a_rotation_adds_a_v1_signature() -> None:
+    from pipeline.core.signing import standard_webhooks_headers, verify_standard_webhooks
+
+    headers = standard_webhooks_headers("m1", 1_795_000_000, b"{}", "new", "old")
+    assert [s.split(",")[0] for s in headers["webhook-signature"].split()] == ["v1", "v1"]
+    for secret in ("new", "old"):
+        assert verify_standard_webhooks(headers, b"{}", secret, now=1_795_000_000)
+    assert not verify_standard_webhooks(headers, b"{}", "other", now=1_795_000_000)
+
+
+def test_an_ed25519_signature_verifies_with_the_public_key_alone() -> None:
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from pipeline.core.signing import (
+        new_signing_key,
+        public_key_of,
+        standard_webhooks_headers,
+        verify_ed25519,
+    )
+
+    key = new_signing_key()
+    public = public_key_of(key)
+    assert key.startswith("whsk_") and public.startswith("whpk_") and key != public
+    body = b'{"type":"track"}'
+    headers = standard_webhooks_headers("m1", 1_795_000_000, body, "s3cret", signing_key=key)
+    v1, v1a = headers["webhook-signature"].split()
+    assert v1.startswith("v1,") and v1a.startswith("v1a,")
+    # Checked with cryptography itself, as a receiver would, not with our verify_ed25519.
+    receiver_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public[5:]))
+    receiver_key.verify(base64.b64decode(v1a[4:]), b"m1.1795000000." + body)  # raises if wrong
+    assert verify_ed25519(headers, body, public, now=1_795_000_000)
+    assert not verify_ed25519(headers, body + b" ", public, now=1_795_000_000)
+    assert not verify_ed25519(headers, body, public, now=1_795_000_000 + 301)  # a replay
+    assert not verify_ed25519(headers, body, public_key_of(new_signing_key()), now=1_795_000_000)
+    only = standard_webhooks_headers("m1", 1_795_000_000, body, signing_key=key)
+    assert only["webhook-signature"].startswith("v1a,")  # no shared secret: v1a alone
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("whpk_" + "A" * 43 + "=", "it must start with 'whsk_'"),
+        ("whsk_not base64!", "whsk_ must be followed by base64"),
+        ("whsk_" + "AAAA", "it must hold 32 bytes, not 3"),
+    ],
+)
+def test_a_bad_signing_key_is_named_not_shown(key: str, message: str) -> None:
+    from pipeline.core.signing import check_signing_key
+
+    with pytest.raises(ValueError, match=message) as caught:
+        check_signing_key(key)
+    assert key not in str(caught.value)

@@ -183,6 +183,8 @@ RECORDS: dict[str, dict[str, Any]] = {
         "ordering": "per_user",
         "batch": {"maxEvents": 100, "maxBytes": 500_000, "maxWait": 1.0},
         "previousSecrets": [{"secret": "old-s3cret", "until": 1_795_600_000_000}],
+        "signing": "ed25519",
+        "signingKey": "whsk_" + "A" * 43 + "=",
     },
 }
 
@@ -198,6 +200,9 @@ BATCH_DEFAULTS = {"batch": None}
 
 #: The Destination field added after schemas/history/destination.v6.avsc, with its default.
 ROTATION_DEFAULTS: dict[str, Any] = {"previousSecrets": []}
+
+#: The Destination fields added after schemas/history/destination.v7.avsc, with their defaults.
+SIGNING_DEFAULTS: dict[str, Any] = {"signing": None, "signingKey": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -233,6 +238,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *ORDERING_DEFAULTS,
             *BATCH_DEFAULTS,
             *ROTATION_DEFAULTS,
+            *SIGNING_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -248,6 +254,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **ORDERING_DEFAULTS,
         **BATCH_DEFAULTS,
         **ROTATION_DEFAULTS,
+        **SIGNING_DEFAULTS,
     }
 
 
@@ -268,6 +275,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
             *ORDERING_DEFAULTS,
             *BATCH_DEFAULTS,
             *ROTATION_DEFAULTS,
+            *SIGNING_DEFAULTS,
         )
     }
     decoded = codec.decode("Destination", write_with(old, record))
@@ -278,6 +286,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **ORDERING_DEFAULTS,
         **BATCH_DEFAULTS,
         **ROTATION_DEFAULTS,
+        **SIGNING_DEFAULTS,
     }
 
 
@@ -293,7 +302,7 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     later = {
         **ORIGIN_DEFAULTS,
         **(
-            {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS}
+            {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
             if name == "Destination"
             else {}
         ),
@@ -306,7 +315,7 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
     """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
     old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
-    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS}
+    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -317,7 +326,7 @@ def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(code
     request."""
     old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
-    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS}
+    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -327,9 +336,19 @@ def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(code
     """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
     old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in ROTATION_DEFAULTS}
+    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **ROTATION_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v7_schema_decodes_unsigned(codec: Codec) -> None:
+    """schemas/history/destination.v7.avsc predates signing: HMAC only, as before."""
+    old = json.loads((schema_dir() / "history" / "destination.v7.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(SIGNING_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in SIGNING_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **SIGNING_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))
