@@ -134,8 +134,12 @@ def _read_yaml(path: str) -> object:
 def _apply(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.config import validate_config
     from pipeline.kafka.config_store import plan_config, write_plan
+    from pipeline.runtime.client_tls import client_tls_problems
 
     config = validate_config(_read_yaml(args.file))
+    problems = client_tls_problems(config)  # the files it names, read here before anything
+    if problems:
+        raise ConfigError(problems)
     for warning in _blocked_url_warnings(config, settings):
         print(f"warning: {warning}", file=sys.stderr)
     plan = plan_config(settings, config, prune=not args.no_prune)
@@ -235,6 +239,13 @@ def _mask(secret: str | None, show: bool) -> str | None:
     if secret is None or show:
         return secret
     return "••••" + (secret[-2:] if len(secret) >= 8 else "")
+
+
+def _mask_pem(value: str, show: bool) -> str:
+    """A client key as ``config show`` prints it: its path, or its PEM text masked."""
+    from pipeline.core.config import is_pem
+
+    return value if show or not is_pem(value) else "•••• (PEM)"
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:
@@ -340,6 +351,13 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "signing": None if d.signing is None else d.signing.value,
         "signing_key": _mask(d.signing_key, show_secrets),
         "signing_public_key": None if d.signing_key is None else public_key_of(d.signing_key),
+        "mtls": None
+        if d.mtls is None
+        else {
+            "certificate": d.mtls.certificate,
+            "key": None if d.mtls.key is None else _mask_pem(d.mtls.key, show_secrets),
+            "ca": d.mtls.ca,
+        },
         "webhooks": [
             {
                 "url": w.url,
@@ -456,6 +474,13 @@ def format_config(
             f"{','.join(d['sources']):<16} {'yes' if d['shared_secret'] else 'no':<7} {urls}"
         )
         lines.append(f"  {_policy_line(d)}")
+        if d["mtls"] is not None:
+            mtls = d["mtls"]
+            parts = (
+                [f"certificate {_shown_pem(mtls['certificate'])}"] if mtls["certificate"] else []
+            )
+            parts += [f"ca {_shown_pem(mtls['ca'])}"] if mtls["ca"] else []
+            lines.append(f"  tls: {', '.join(parts)}")
         if d["signing_public_key"] is not None:
             lines.append(f"  signing {d['signing']}: public key {d['signing_public_key']}")
         for previous in d["previous_secrets"]:
@@ -467,3 +492,10 @@ def format_config(
             lines.append(f"  disabled: {d['disabled_reason']}{since}")
         lines += _origin_line(d)
     return "\n".join(lines)
+
+
+def _shown_pem(value: str) -> str:
+    """A certificate or CA as one line: its path, or that it is PEM text."""
+    from pipeline.core.config import is_pem
+
+    return "(PEM)" if is_pem(value) else value

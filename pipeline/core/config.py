@@ -16,6 +16,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         previous_secrets:               # optional; a rotation's old secret, until its window ends
           - {secret: old-s3cret, until: "2026-12-01T00:00:00Z"}
         signing: ed25519                # optional; Standard Webhooks v1a signatures too
+        mtls: {certificate: /etc/pipeline/client.pem, key: /etc/pipeline/client.key, ca: /etc/pipeline/ca.pem}
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -47,26 +48,32 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
     BeforeValidator,
     ByteSize,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from pipeline.core.destination_security import (
+    ClientTls,
+    ConfigModel,
+    PreviousSecret,
+    Secret,
+    Signing,
+    SigningKey,
+    is_pem,
+)
 from pipeline.core.durations import DURATION_HINT, duration_seconds, format_duration
 from pipeline.core.exceptions import ConfigError
-from pipeline.core.signing import check_signing_key
 
 __all__ = [
     "shown_write_key",
     "Source",
     "Batch",
+    "ClientTls",
+    "is_pem",
     "Destination",
     "Ordering",
     "PreviousSecret",
@@ -133,8 +140,7 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+_Model = ConfigModel
 
 
 def check_url(url: str) -> str:
@@ -266,25 +272,6 @@ class Batch(_Model):
     max_wait: BatchWait = 1.0
 
 
-Secret = Annotated[str, Field(min_length=1, max_length=1024)]
-
-
-class PreviousSecret(_Model):
-    """A shared secret being rotated out (``previous_secrets`` in the config file): it still
-    signs until ``until`` (``docs``: X-Signature keeps it to the end of the oldest window;
-    Standard Webhooks' ``webhook-signature`` carries a signature for it beside the current one).
-
-        PreviousSecret(secret="old-s3cret", until="2026-12-01T00:00:00Z")
-    """
-
-    secret: Secret
-    until: AwareDatetime
-
-    @property
-    def until_ms(self) -> int:
-        return int(self.until.timestamp() * 1000)
-
-
 class Ordering(enum.StrEnum):
     """In what order a destination receives calls (``ordering`` in the config file)."""
 
@@ -293,17 +280,6 @@ class Ordering(enum.StrEnum):
     PER_USER = "per_user"
     """Each user's calls (``userId``, else ``anonymousId``) in the order the router received
     them: a call waiting in a retry tier or parked holds that user's later calls back."""
-
-
-class Signing(enum.StrEnum):
-    """Asymmetric signatures a destination's requests carry (``signing`` in the config file)."""
-
-    ED25519 = "ed25519"
-    """Standard Webhooks ``v1a``: Ed25519 with the destination's ``signing_key``; its receivers
-    verify with the public key (``config show``, the console) and hold no secret."""
-
-
-SigningKey = Annotated[str, AfterValidator(check_signing_key)]
 
 
 class Source(_Model):
@@ -346,6 +322,8 @@ class Destination(_Model):
     disable_after: DisableAfter | None = None
     #: ``per_user``: each user's calls are delivered in the order the router received them.
     ordering: Ordering = Ordering.NONE
+    #: Client certificate and CA for TLS to the receivers (``None``: the system's trust store).
+    mtls: ClientTls | None = None
     #: Send calls in batches (a JSON array a request); ``None``: one call a request.
     batch: Batch | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)

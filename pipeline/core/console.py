@@ -156,6 +156,8 @@ def destination_data(
             data["signing_key"] = current.signing_key
     elif signing != "none":
         raise FormError("signing", f"must be none or ed25519, got {signing!r}")
+    if current is not None and current.mtls is not None:  # set in the config file; kept here
+        data["mtls"] = current.mtls.model_dump(exclude_none=True)
     batch = _batch_data(form, current)
     if batch is not None:
         data["batch"] = batch

@@ -27,6 +27,7 @@ requests/s on this machine while aiohttp sends 11,000-15,000 (docs/decisions.md)
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import ssl
 import time
@@ -38,7 +39,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from pipeline.core.address_policy import AddressPolicy
-from pipeline.core.config import Destination
+from pipeline.core.config import ClientTls, Destination
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.log_entries import RESPONSE_SNIPPET_BYTES
 from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_after
@@ -47,8 +48,11 @@ from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 from pipeline.http.slots import Slots
 from pipeline.runtime.awake_clock import AwakeClock
+from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
 
 __all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
+
+log = logging.getLogger("pipeline.sender")
 
 #: Seed §2.2 and §9.3: ``<product_token>/1.0``.
 USER_AGENT = "pipeline-webhooks/1.0"
@@ -139,6 +143,7 @@ class WebhookSender:
         self._session: aiohttp.ClientSession | None = None
         self._slots: dict[str, Slots] = {}
         self._targets: dict[str, _Target] = {}
+        self._tls: dict[ClientTls, ssl.SSLContext | str] = {}
         self._awake = AwakeClock()
         self.health = health or EndpointHealth(settings, clock=self._awake)
 
@@ -220,17 +225,19 @@ class WebhookSender:
         if wait > 0:
             await asyncio.sleep(wait)
         signed = self.signed_headers(destination, body, message_id)
+        tls = self.tls_of(destination)
         hooks = destination.webhooks
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
-            results = [
-                await self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
-            ]
+            headers = _merged(hook.headers, signed)
+            results = [await self._guarded_post(hook.url, headers, body, final, tls)]
         else:
             results = list(
                 await asyncio.gather(
                     *(
-                        self._guarded_post(hook.url, _merged(hook.headers, signed), body, final)
+                        self._guarded_post(
+                            hook.url, _merged(hook.headers, signed), body, final, tls
+                        )
                         for hook in hooks
                     )
                 )
@@ -267,13 +274,40 @@ class WebhookSender:
             )
         return _Target(url, slots)
 
+    def tls_of(self, destination: Destination) -> ssl.SSLContext | str | None:
+        """The TLS context of ``destination``'s requests (``None``: the session's), or why it
+        cannot be made on this machine."""
+        return None if destination.mtls is None else self._tls_for(destination.mtls)
+
+    def _tls_for(self, mtls: ClientTls) -> ssl.SSLContext | str:
+        """The TLS context of a destination's ``mtls``, made once; or why it cannot be made here
+        (a file missing on this worker: its requests fail as connection errors, retried)."""
+        known = self._tls.get(mtls)
+        if known is None:
+            if len(self._tls) >= _MAX_TARGETS:
+                self._tls.clear()
+            try:
+                known = client_tls_context(mtls)
+            except ClientTlsError as exc:
+                known = f"mTLS: {exc}"
+                log.error("webhook TLS settings unusable on this worker: %s", exc)
+            self._tls[mtls] = known
+        return known
+
     async def _guarded_post(
-        self, url: str, headers: dict[str, str], body: bytes, final: bool = False
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        final: bool = False,
+        tls: ssl.SSLContext | str | None = None,
     ) -> UrlResult:
         target = self._target(url)
         if target.slots is None:
             assert target.failure is not None
             return UrlResult(url, failure=target.failure, detail=target.detail)
+        if isinstance(tls, str):
+            return UrlResult(url, failure=Failure.CONNECTION_ERROR, detail=tls[:_DETAIL_CHARS])
         health = self.health
         endpoint = health.endpoint(url)
         # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
@@ -289,24 +323,34 @@ class WebhookSender:
             health.started(endpoint)
             result: UrlResult | None = None
             try:
-                result = await self.post(url, headers, body)
+                result = await self.post(url, headers, body, tls)
             finally:
                 health.ended(endpoint, result)
         finally:
             target.slots.release()
         return result
 
-    async def probe(self, url: str, headers: dict[str, str], body: bytes) -> Probe:
+    async def probe(
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        tls: ssl.SSLContext | str | None = None,
+    ) -> Probe:
         """POST once, outside every circuit and limit, and keep the whole answer: the console's
-        test event. Guarded like every delivery (blocked addresses, no redirects, no cookies)."""
+        test event. Guarded like every delivery (blocked addresses, no redirects, no cookies);
+        ``tls``: the destination's (``tls_of``)."""
         assert self._session is not None, "WebhookSender.start() was not awaited"
         started = time.monotonic()
         target = self._new_target(url)
         if target.failure is not None:
             return Probe(url, None, [], "", 0.0, target.detail)
+        if isinstance(tls, str):
+            return Probe(url, None, [], "", 0.0, tls)
+        options: dict[str, Any] = {} if tls is None else {"ssl": tls}
         try:
             async with self._session.post(
-                url, data=body, headers=headers, allow_redirects=False
+                url, data=body, headers=headers, allow_redirects=False, **options
             ) as response:
                 text = await response.content.read(_MAX_RESPONSE_BYTES)
                 return Probe(
@@ -320,13 +364,21 @@ class WebhookSender:
             _, error = self.failure_of(exc)
         return Probe(url, None, [], "", time.monotonic() - started, error)
 
-    async def post(self, url: str, headers: dict[str, str], body: bytes) -> UrlResult:
-        """One POST and what its answer (or its absence) means."""
+    async def post(
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        tls: ssl.SSLContext | None = None,
+    ) -> UrlResult:
+        """One POST and what its answer (or its absence) means; ``tls``: the destination's own
+        TLS context (its ``mtls``), else the session's."""
         assert self._session is not None, "WebhookSender.start() was not awaited"
         started = time.monotonic()
+        options: dict[str, Any] = {} if tls is None else {"ssl": tls}
         try:
             async with self._session.post(
-                url, data=body, headers=headers, allow_redirects=False
+                url, data=body, headers=headers, allow_redirects=False, **options
             ) as response:
                 text = await response.content.read(_MAX_RESPONSE_BYTES)
                 status = response.status

@@ -27,6 +27,7 @@ from confluent_kafka import Message
 
 from pipeline.core.config import (
     Batch,
+    ClientTls,
     ConfigTable,
     Destination,
     PipelineConfig,
@@ -143,6 +144,7 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "ordering": dest.ordering.value,
         "signing": None if dest.signing is None else dest.signing.value,
         "signingKey": dest.signing_key,
+        "mtls": None if dest.mtls is None else dest.mtls.model_dump(),
         "previousSecrets": [
             {"secret": p.secret, "until": p.until_ms} for p in dest.previous_secrets
         ],
@@ -180,6 +182,7 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         ordering=record["ordering"],
         signing=record["signing"],
         signing_key=record["signingKey"],
+        mtls=None if record["mtls"] is None else ClientTls(**record["mtls"]),
         previous_secrets=[
             PreviousSecret(secret=p["secret"], until=_utc(p["until"]))
             for p in record["previousSecrets"]

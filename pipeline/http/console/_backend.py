@@ -206,9 +206,10 @@ class Console:
         """POST ``body`` to each webhook of ``destination`` as a delivery would (its static
         headers, signed with its secret); the headers sent (signature included) and each answer."""
         signed = self.sender.signed_headers(destination, body, message_id)
+        tls = self.sender.tls_of(destination)
         probes: Sequence[Probe] = await asyncio.gather(
             *(
-                self.sender.probe(hook.url, {**hook.headers, **signed}, body)
+                self.sender.probe(hook.url, {**hook.headers, **signed}, body, tls)
                 for hook in destination.webhooks
             )
         )

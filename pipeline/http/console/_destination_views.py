@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from pipeline.core.config import ConfigTable, Destination, validate_config
+from pipeline.core.config import ConfigTable, Destination, PipelineConfig, validate_config
 from pipeline.core.config_export import config_data
 from pipeline.core.console import (
     Bar,
@@ -31,6 +31,7 @@ from pipeline.core.secret_rotation import keyed, new_secret, rotated
 from pipeline.core.signing import public_key_of
 from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.http.console._page import Views, local_path, redirect, session_of
+from pipeline.runtime.client_tls import client_tls_problems
 from pipeline.store import DestinationStats
 
 __all__ = ["DestinationViews"]
@@ -287,6 +288,12 @@ def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destinat
     whole["destinations"] = [*others, data]
     config = validate_config(whole)
     dest: Destination = config.destinations[index]
+    if dest.mtls is not None:  # its files, read here before anything is saved
+        problems = client_tls_problems(PipelineConfig(destinations=[dest]))
+        if problems:
+            raise ConfigError(
+                [p.replace("destinations[0]", f"destinations[{index}]") for p in problems]
+            )
     return dest
 
 

@@ -141,3 +141,20 @@ def test_a_rotation_window_is_shown_and_its_secret_masked() -> None:
     assert shown["previous_secrets"] == [{"secret": "••••77", "until": "2026-11-30T12:00:00.000Z"}]
     unmasked = orjson.loads(format_config(table, as_json=True, show_secrets=True))
     assert unmasked["destinations"][0]["previous_secrets"][0]["secret"] == "old-secret-value-77"
+
+
+def test_tls_files_are_shown_and_a_pem_key_masked() -> None:
+    from pipeline.core.config import ClientTls
+
+    pem_key = "-----BEGIN PRIVATE KEY-----\nMIIEv\n-----END PRIVATE KEY-----\n"
+    tls = ClientTls(certificate="/etc/pipeline/client.pem", key=pem_key, ca="/etc/pipeline/ca.pem")
+    table = ConfigTable.build([Source(id="web")], [PLAIN.model_copy(update={"mtls": tls})])
+    text = format_config(table)
+    assert "  tls: certificate /etc/pipeline/client.pem, ca /etc/pipeline/ca.pem" in text
+    shown = orjson.loads(format_config(table, as_json=True))["destinations"][0]["mtls"]
+    assert shown == {
+        "certificate": "/etc/pipeline/client.pem",
+        "key": "•••• (PEM)",
+        "ca": "/etc/pipeline/ca.pem",
+    }
+    assert "MIIEv" not in format_config(table, as_json=True)

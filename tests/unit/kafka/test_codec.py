@@ -185,6 +185,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "previousSecrets": [{"secret": "old-s3cret", "until": 1_795_600_000_000}],
         "signing": "ed25519",
         "signingKey": "whsk_" + "A" * 43 + "=",
+        "mtls": {"certificate": "/etc/pipeline/client.pem", "key": "/etc/k.pem", "ca": None},
     },
 }
 
@@ -203,6 +204,9 @@ ROTATION_DEFAULTS: dict[str, Any] = {"previousSecrets": []}
 
 #: The Destination fields added after schemas/history/destination.v7.avsc, with their defaults.
 SIGNING_DEFAULTS: dict[str, Any] = {"signing": None, "signingKey": None}
+
+#: The Destination field added after schemas/history/destination.v8.avsc, with its default.
+MTLS_DEFAULTS: dict[str, Any] = {"mtls": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -239,6 +243,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *BATCH_DEFAULTS,
             *ROTATION_DEFAULTS,
             *SIGNING_DEFAULTS,
+            *MTLS_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -255,6 +260,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **BATCH_DEFAULTS,
         **ROTATION_DEFAULTS,
         **SIGNING_DEFAULTS,
+        **MTLS_DEFAULTS,
     }
 
 
@@ -276,6 +282,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
             *BATCH_DEFAULTS,
             *ROTATION_DEFAULTS,
             *SIGNING_DEFAULTS,
+            *MTLS_DEFAULTS,
         )
     }
     decoded = codec.decode("Destination", write_with(old, record))
@@ -287,6 +294,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **BATCH_DEFAULTS,
         **ROTATION_DEFAULTS,
         **SIGNING_DEFAULTS,
+        **MTLS_DEFAULTS,
     }
 
 
@@ -302,7 +310,13 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     later = {
         **ORIGIN_DEFAULTS,
         **(
-            {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
+            {
+                **ORDERING_DEFAULTS,
+                **BATCH_DEFAULTS,
+                **ROTATION_DEFAULTS,
+                **SIGNING_DEFAULTS,
+                **MTLS_DEFAULTS,
+            }
             if name == "Destination"
             else {}
         ),
@@ -315,7 +329,13 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
     """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
     old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
-    later = {**ORDERING_DEFAULTS, **BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
+    later = {
+        **ORDERING_DEFAULTS,
+        **BATCH_DEFAULTS,
+        **ROTATION_DEFAULTS,
+        **SIGNING_DEFAULTS,
+        **MTLS_DEFAULTS,
+    }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -326,7 +346,7 @@ def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(code
     request."""
     old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
-    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
+    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -336,7 +356,7 @@ def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(code
     """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
     old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
-    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS}
+    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -346,9 +366,20 @@ def test_a_destination_written_with_the_shipped_v7_schema_decodes_unsigned(codec
     """schemas/history/destination.v7.avsc predates signing: HMAC only, as before."""
     old = json.loads((schema_dir() / "history" / "destination.v7.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(SIGNING_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in SIGNING_DEFAULTS}
+    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **SIGNING_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v8_schema_decodes_without_tls(codec: Codec) -> None:
+    """schemas/history/destination.v8.avsc predates mtls: the system's trust store, no client
+    certificate."""
+    old = json.loads((schema_dir() / "history" / "destination.v8.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(MTLS_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in MTLS_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **MTLS_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

@@ -1,0 +1,92 @@
+"""What a destination's config says about trust between it and its receivers: its signing
+secrets being rotated out (``PreviousSecret``), its Ed25519 signatures (``Signing``,
+``SigningKey``), and TLS to its receivers (``ClientTls``). Part of ``pipeline.core.config``, which
+re-exports them; apart only to keep that module readable."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.core.signing import check_signing_key
+
+__all__ = [
+    "ClientTls",
+    "ConfigModel",
+    "PemOrPath",
+    "PreviousSecret",
+    "Secret",
+    "Signing",
+    "SigningKey",
+    "is_pem",
+]
+
+
+class ConfigModel(BaseModel):
+    """The base of every config model: unknown fields refused, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+Secret = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class PreviousSecret(ConfigModel):
+    """A shared secret being rotated out (``previous_secrets`` in the config file): it still
+    signs until ``until`` (``docs``: X-Signature keeps it to the end of the oldest window;
+    Standard Webhooks' ``webhook-signature`` carries a signature for it beside the current one).
+
+        PreviousSecret(secret="old-s3cret", until="2026-12-01T00:00:00Z")
+    """
+
+    secret: Secret
+    until: AwareDatetime
+
+    @property
+    def until_ms(self) -> int:
+        return int(self.until.timestamp() * 1000)
+
+
+#: A file's path on the workers, or the PEM text itself (``-----BEGIN ...``).
+PemOrPath = Annotated[str, Field(min_length=1, max_length=65_536)]
+
+
+def is_pem(value: str) -> bool:
+    """Whether a ``ClientTls`` field holds PEM text rather than a file's path."""
+    return value.lstrip().startswith("-----BEGIN")
+
+
+class ClientTls(ConfigModel):
+    """TLS to a destination's receivers (``mtls`` in the config file): a client certificate and
+    its key (mutual TLS), and a CA bundle to verify the receivers with instead of the system's
+    trust store (a private CA). Each a file's path on the workers or the PEM text; a key given
+    as PEM is a secret (masked by ``config show``). ``config apply`` and the console read each
+    one before anything is applied (``pipeline.runtime.client_tls``).
+
+        ClientTls(certificate="/etc/pipeline/client.pem", key="/etc/pipeline/client.key")
+    """
+
+    certificate: PemOrPath | None = None
+    key: PemOrPath | None = None
+    ca: PemOrPath | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ClientTls:
+        if (self.certificate is None) != (self.key is None):
+            raise ValueError("certificate and key go together: give both, or neither")
+        if self.certificate is None and self.ca is None:
+            raise ValueError("needs a certificate and key, or a ca, or both")
+        return self
+
+
+class Signing(enum.StrEnum):
+    """Asymmetric signatures a destination's requests carry (``signing`` in the config file)."""
+
+    ED25519 = "ed25519"
+    """Standard Webhooks ``v1a``: Ed25519 with the destination's ``signing_key``; its receivers
+    verify with the public key (``config show``, the console) and hold no secret."""
+
+
+SigningKey = Annotated[str, AfterValidator(check_signing_key)]
