@@ -335,6 +335,7 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
     """One destination with the config file's keys, durations as text (``10s``, ``4h``), and the
     public key of its signing key."""
     from pipeline.core.config_export import batch_data
+    from pipeline.core.destination_security import shown_proxy
     from pipeline.core.signing import public_key_of
 
     return {
@@ -351,6 +352,7 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "signing": None if d.signing is None else d.signing.value,
         "signing_key": _mask(d.signing_key, show_secrets),
         "signing_public_key": None if d.signing_key is None else public_key_of(d.signing_key),
+        "proxy": d.proxy if d.proxy is None or show_secrets else shown_proxy(d.proxy),
         "mtls": None
         if d.mtls is None
         else {
@@ -481,6 +483,8 @@ def format_config(
             )
             parts += [f"ca {_shown_pem(mtls['ca'])}"] if mtls["ca"] else []
             lines.append(f"  tls: {', '.join(parts)}")
+        if d["proxy"] is not None:
+            lines.append(f"  proxy: {d['proxy']}")
         if d["signing_public_key"] is not None:
             lines.append(f"  signing {d['signing']}: public key {d['signing_public_key']}")
         for previous in d["previous_secrets"]:

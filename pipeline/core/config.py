@@ -17,6 +17,7 @@ A config file (``pipeline config apply FILE.yaml``)::
           - {secret: old-s3cret, until: "2026-12-01T00:00:00Z"}
         signing: ed25519                # optional; Standard Webhooks v1a signatures too
         mtls: {certificate: /etc/pipeline/client.pem, key: /etc/pipeline/client.key, ca: /etc/pipeline/ca.pem}
+        proxy: http://proxy.internal:3128   # optional; else PIPELINE_HTTP_PROXY, if set
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -60,6 +61,7 @@ from pipeline.core.destination_security import (
     ClientTls,
     ConfigModel,
     PreviousSecret,
+    ProxyUrl,
     Secret,
     Signing,
     SigningKey,
@@ -324,6 +326,8 @@ class Destination(_Model):
     ordering: Ordering = Ordering.NONE
     #: Client certificate and CA for TLS to the receivers (``None``: the system's trust store).
     mtls: ClientTls | None = None
+    #: The forward proxy its requests go through (``None``: ``PIPELINE_HTTP_PROXY``, if set).
+    proxy: ProxyUrl | None = None
     #: Send calls in batches (a JSON array a request); ``None``: one call a request.
     batch: Batch | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)

@@ -69,6 +69,7 @@ def _destination_data(dest: Destination) -> dict[str, Any]:
             "signing": None if dest.signing is None else dest.signing.value,
             "signing_key": dest.signing_key,
             "mtls": None if dest.mtls is None else _present(dest.mtls.model_dump()),
+            "proxy": dest.proxy,
             "webhooks": [
                 _present({"url": hook.url, "headers": dict(hook.headers) or None})
                 for hook in dest.webhooks

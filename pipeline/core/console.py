@@ -158,6 +158,8 @@ def destination_data(
         raise FormError("signing", f"must be none or ed25519, got {signing!r}")
     if current is not None and current.mtls is not None:  # set in the config file; kept here
         data["mtls"] = current.mtls.model_dump(exclude_none=True)
+    if current is not None and current.proxy is not None:  # likewise
+        data["proxy"] = current.proxy
     batch = _batch_data(form, current)
     if batch is not None:
         data["batch"] = batch

@@ -1,12 +1,14 @@
 """What a destination's config says about trust between it and its receivers: its signing
 secrets being rotated out (``PreviousSecret``), its Ed25519 signatures (``Signing``,
-``SigningKey``), and TLS to its receivers (``ClientTls``). Part of ``pipeline.core.config``, which
+``SigningKey``), TLS to its receivers (``ClientTls``), and the proxy it reaches them through
+(``check_proxy_url``). Part of ``pipeline.core.config``, which
 re-exports them; apart only to keep that module readable."""
 
 from __future__ import annotations
 
 import enum
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,10 +19,13 @@ __all__ = [
     "ConfigModel",
     "PemOrPath",
     "PreviousSecret",
+    "ProxyUrl",
     "Secret",
     "Signing",
     "SigningKey",
+    "check_proxy_url",
     "is_pem",
+    "shown_proxy",
 ]
 
 
@@ -90,3 +95,36 @@ class Signing(enum.StrEnum):
 
 
 SigningKey = Annotated[str, AfterValidator(check_signing_key)]
+
+
+def check_proxy_url(url: str) -> str:
+    """A forward proxy's URL: ``http://`` or ``https://``, a host, a port if any, no path; a
+    login (``http://user:password@proxy:3128``) is allowed, and masked where shown
+    (``shown_proxy``). ``ValueError`` naming the problem, never the password."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"{shown_proxy(url)!r} is not a valid proxy URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{shown_proxy(url)!r} must be an http:// or https:// proxy")
+    if not parts.hostname:
+        raise ValueError(f"{shown_proxy(url)!r} has no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{shown_proxy(url)!r} must be only scheme, host and port")
+    return url
+
+
+def shown_proxy(url: str) -> str:
+    """A proxy URL with its password masked: ``http://user:••••@proxy:3128``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.split("@")[-1]
+    if not password:
+        return url
+    return url.replace(f":{password}@", ":••••@", 1)
+
+
+ProxyUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_proxy_url)]

@@ -102,6 +102,17 @@ def _networks(value: Any) -> tuple[str, ...]:
     return words
 
 
+def _proxy(value: Any) -> Any:
+    """A proxy URL, checked (``check_proxy_url``); empty: none."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    from pipeline.core.destination_security import check_proxy_url
+
+    return SecretStr(check_proxy_url(str(value)))
+
+
 def _whole(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -132,6 +143,7 @@ SECRET_FIELDS = frozenset(
         "schema_registry_basic_auth",
         "admin_token",
         "console_password",
+        "http_proxy",
     }
 )
 
@@ -208,6 +220,9 @@ class Settings(BaseSettings):
     parking: bool = True
     #: CIDRs deliveries may reach although the SSRF guard blocks them (e.g. ``127.0.0.0/8``).
     allowed_networks: Networks = ()
+    #: A forward proxy every webhook request goes through (``http://proxy.internal:3128``; it may
+    #: carry a login, hence a secret), unless a destination names its own ``proxy``.
+    http_proxy: Annotated[SecretStr | None, BeforeValidator(_proxy)] = None
     #: Retryable failures in a row that open an endpoint's circuit breaker.
     circuit_failures: AtLeastOne = 5
     #: Seconds an open circuit waits before letting one probe through.

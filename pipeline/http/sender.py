@@ -82,16 +82,31 @@ class BlockedAddressError(OSError):
 
 
 class GuardedResolver(AbstractResolver):
-    """Resolves with aiohttp's threaded resolver, then drops addresses the policy refuses."""
+    """Resolves with aiohttp's threaded resolver, then drops addresses the policy refuses; a
+    configured proxy's host (``trust``) is not judged, and its addresses are remembered in
+    ``trusted`` for the socket check."""
 
     def __init__(self, policy: AddressPolicy) -> None:
         self._policy = policy
         self._inner = aiohttp.ThreadedResolver()
+        self._trusted_hosts: set[str] = set()
+        #: Addresses of the configured proxies: the socket check lets them through.
+        self.trusted: set[str] = set()
+
+    def trust(self, host: str) -> None:
+        """``host`` is a proxy the operator configured: connected to whatever its address."""
+        if host not in self._trusted_hosts:
+            self._trusted_hosts.add(host)
+            if _is_ip_literal(host):
+                self.trusted.add(host)
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
+        if host in self._trusted_hosts:
+            self.trusted.update(r["host"] for r in results)
+            return results
         allowed = [r for r in results if self._policy.allows(r["host"])]
         if not allowed:
             refusals = sorted({str(self._policy.refusal(r["host"])) for r in results})
@@ -106,6 +121,8 @@ class GuardedResolver(AbstractResolver):
 
 #: How often a record waiting for a host's slot checks whether its endpoint fell silent.
 SILENCE_CHECK = 0.1
+#: How long a target host's verdict behind a proxy holds (as aiohttp's DNS cache).
+DNS_VERDICT_SECONDS = 60.0
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
 _MAX_TARGETS = 10_000
 
@@ -115,12 +132,18 @@ class _Target:
     why it cannot be requested at all (a URL that does not parse, an IP literal the SSRF guard
     refuses). The address policy is fixed for the sender's life, so the verdict is too."""
 
-    __slots__ = ("url", "slots", "failure", "detail")
+    __slots__ = ("url", "host", "slots", "failure", "detail")
 
     def __init__(
-        self, url: str, slots: Slots | None, failure: Failure | None = None, detail: str = ""
+        self,
+        url: str,
+        slots: Slots | None,
+        failure: Failure | None = None,
+        detail: str = "",
+        host: str = "",
     ) -> None:
         self.url = url
+        self.host = host
         self.slots = slots
         self.failure = failure
         self.detail = detail
@@ -140,6 +163,11 @@ class WebhookSender:
         self._settings = settings
         self._ssl = ssl_context or ssl.create_default_context()
         self._policy = AddressPolicy.parse(settings.allowed_networks)
+        self._resolver: GuardedResolver | None = None  # made by start(), on the event loop
+        self._proxy = settings.secret("http_proxy")  # PIPELINE_HTTP_PROXY, for every destination
+        #: Behind a proxy the final target's host is resolved here too, to judge it: by host,
+        #: (when the verdict expires, the refusal or ``None``).
+        self._verdicts: dict[str, tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._slots: dict[str, Slots] = {}
         self._targets: dict[str, _Target] = {}
@@ -148,12 +176,13 @@ class WebhookSender:
         self.health = health or EndpointHealth(settings, clock=self._awake)
 
     async def start(self) -> WebhookSender:
+        self._resolver = GuardedResolver(self._policy)
         connector = aiohttp.TCPConnector(
             limit=0,
             limit_per_host=0,  # our per-host slots limit concurrency, outside the timeout
             ssl=self._ssl,
             ttl_dns_cache=60,
-            resolver=GuardedResolver(self._policy),
+            resolver=self._resolver,
             socket_factory=self._guarded_socket,
         )
         self._session = aiohttp.ClientSession(
@@ -176,7 +205,8 @@ class WebhookSender:
     def _guarded_socket(self, addr_info: Any) -> socket.socket:
         family, kind, proto, _, address = addr_info
         refusal = self._policy.refusal(str(address[0]))
-        if refusal is not None:
+        trusted = self._resolver.trusted if self._resolver is not None else ()
+        if refusal is not None and str(address[0]) not in trusted:
             raise BlockedAddressError(refusal)
         return socket.socket(family=family, type=kind, proto=proto)
 
@@ -226,17 +256,18 @@ class WebhookSender:
             await asyncio.sleep(wait)
         signed = self.signed_headers(destination, body, message_id)
         tls = self.tls_of(destination)
+        proxy = destination.proxy or self._proxy
         hooks = destination.webhooks
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
             headers = _merged(hook.headers, signed)
-            results = [await self._guarded_post(hook.url, headers, body, final, tls)]
+            results = [await self._guarded_post(hook.url, headers, body, final, tls, proxy)]
         else:
             results = list(
                 await asyncio.gather(
                     *(
                         self._guarded_post(
-                            hook.url, _merged(hook.headers, signed), body, final, tls
+                            hook.url, _merged(hook.headers, signed), body, final, tls, proxy
                         )
                         for hook in hooks
                     )
@@ -272,7 +303,30 @@ class WebhookSender:
             slots = self._slots[origin] = Slots(
                 self._settings.max_connections_per_host, interval=SILENCE_CHECK
             )
-        return _Target(url, slots)
+        return _Target(url, slots, host=host)
+
+    async def _refusal_behind_proxy(self, host: str) -> str | None:
+        """Why ``host`` may not be reached (``None``: it may), judged on its addresses here, as
+        if connecting directly (a proxy resolves it again: its answer is not checked). IP
+        literals were judged already. A verdict holds for ``DNS_VERDICT_SECONDS``."""
+        if _is_ip_literal(host):
+            return None
+        now = time.monotonic()
+        known = self._verdicts.get(host)
+        if known is not None and known[0] > now:
+            return known[1]
+        refusal: str | None = None
+        assert self._resolver is not None, "WebhookSender.start() was not awaited"
+        try:
+            await self._resolver.resolve(host, 0, socket.AF_UNSPEC)
+        except BlockedAddressError as exc:
+            refusal = str(exc)
+        except OSError:
+            refusal = None  # not resolvable here: the proxy may know it; it answers for it
+        if len(self._verdicts) >= _MAX_TARGETS:
+            self._verdicts.clear()
+        self._verdicts[host] = (now + DNS_VERDICT_SECONDS, refusal)
+        return refusal
 
     def tls_of(self, destination: Destination) -> ssl.SSLContext | str | None:
         """The TLS context of ``destination``'s requests (``None``: the session's), or why it
@@ -301,6 +355,7 @@ class WebhookSender:
         body: bytes,
         final: bool = False,
         tls: ssl.SSLContext | str | None = None,
+        proxy: str | None = None,
     ) -> UrlResult:
         target = self._target(url)
         if target.slots is None:
@@ -308,6 +363,12 @@ class WebhookSender:
             return UrlResult(url, failure=target.failure, detail=target.detail)
         if isinstance(tls, str):
             return UrlResult(url, failure=Failure.CONNECTION_ERROR, detail=tls[:_DETAIL_CHARS])
+        if proxy is not None:  # the proxy connects to the target: judge the target here
+            blocked = await self._refusal_behind_proxy(target.host)
+            if blocked is not None:
+                return UrlResult(url, failure=Failure.BLOCKED_ADDRESS, detail=blocked)
+            assert self._resolver is not None, "WebhookSender.start() was not awaited"
+            self._resolver.trust(urlsplit(proxy).hostname or "")
         health = self.health
         endpoint = health.endpoint(url)
         # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
@@ -323,7 +384,7 @@ class WebhookSender:
             health.started(endpoint)
             result: UrlResult | None = None
             try:
-                result = await self.post(url, headers, body, tls)
+                result = await self.post(url, headers, body, tls, proxy)
             finally:
                 health.ended(endpoint, result)
         finally:
@@ -370,12 +431,16 @@ class WebhookSender:
         headers: dict[str, str],
         body: bytes,
         tls: ssl.SSLContext | None = None,
+        proxy: str | None = None,
     ) -> UrlResult:
         """One POST and what its answer (or its absence) means; ``tls``: the destination's own
-        TLS context (its ``mtls``), else the session's."""
+        TLS context (its ``mtls``), else the session's; ``proxy``: the forward proxy to go
+        through."""
         assert self._session is not None, "WebhookSender.start() was not awaited"
         started = time.monotonic()
         options: dict[str, Any] = {} if tls is None else {"ssl": tls}
+        if proxy is not None:
+            options["proxy"] = proxy
         try:
             async with self._session.post(
                 url, data=body, headers=headers, allow_redirects=False, **options
@@ -411,6 +476,8 @@ class WebhookSender:
             return Failure.TIMEOUT, f"no answer within {self._settings.delivery_timeout:g} s"
         if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
             return Failure.TLS_ERROR, _describe(exc)
+        if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused: as a connection
+            return Failure.CONNECTION_ERROR, f"proxy answered {exc.status}: {exc.message}"
         if isinstance(exc, aiohttp.ClientConnectorError):
             for cause in (exc.os_error, exc.__cause__):
                 if isinstance(cause, BlockedAddressError):

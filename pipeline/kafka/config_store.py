@@ -145,6 +145,7 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "signing": None if dest.signing is None else dest.signing.value,
         "signingKey": dest.signing_key,
         "mtls": None if dest.mtls is None else dest.mtls.model_dump(),
+        "proxy": dest.proxy,
         "previousSecrets": [
             {"secret": p.secret, "until": p.until_ms} for p in dest.previous_secrets
         ],
@@ -183,6 +184,7 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         signing=record["signing"],
         signing_key=record["signingKey"],
         mtls=None if record["mtls"] is None else ClientTls(**record["mtls"]),
+        proxy=record["proxy"],
         previous_secrets=[
             PreviousSecret(secret=p["secret"], until=_utc(p["until"]))
             for p in record["previousSecrets"]

@@ -25,6 +25,7 @@ from pipeline.core.console import (
     problems_by_field,
     webhook_rows,
 )
+from pipeline.core.destination_security import shown_proxy
 from pipeline.core.durations import HOUR_MS, parse_duration
 from pipeline.core.exceptions import ConfigError
 from pipeline.core.secret_rotation import keyed, new_secret, rotated
@@ -163,6 +164,7 @@ class DestinationViews(Views):
             # Windows still open (an ended one leaves the config at the deliver role's sweep).
             rotations=[p for p in dest.previous_secrets if p.until_ms > now_ms()] if dest else [],
             public_key=public_key_of(dest.signing_key) if dest and dest.signing_key else None,
+            proxy=shown_proxy(dest.proxy) if dest and dest.proxy else None,
         )
 
     async def destination(self, request: web.Request) -> web.Response:

@@ -158,3 +158,12 @@ def test_tls_files_are_shown_and_a_pem_key_masked() -> None:
         "ca": "/etc/pipeline/ca.pem",
     }
     assert "MIIEv" not in format_config(table, as_json=True)
+
+
+def test_a_proxy_is_shown_with_its_password_masked() -> None:
+    proxied = PLAIN.model_copy(update={"proxy": "http://egress:pa55word@proxy.internal:3128"})
+    table = ConfigTable.build([Source(id="web")], [proxied])
+    assert "  proxy: http://egress:••••@proxy.internal:3128" in format_config(table)
+    assert "pa55word" not in format_config(table) + format_config(table, as_json=True)
+    shown = format_config(table, as_json=True, show_secrets=True)
+    assert "pa55word" in shown

@@ -574,6 +574,11 @@ ROTATING = {
             ".previous_secrets[0].secret: is required",
         ),
         ({"signing": "rsa"}, ".signing: must be 'ed25519', got 'rsa'"),
+        (
+            {"proxy": "socks5://p:1080"},
+            ".proxy: 'socks5://p:1080' must be an http:// or https:// proxy",
+        ),
+        ({"proxy": "http://u:pw@p:3128/x"}, ".proxy: 'http://u:••••@p:3128/x' must be only scheme"),
         ({"signing_key": "whsk_" + "A" * 43 + "="}, ": signing_key needs signing: ed25519"),
         (
             {"signing": "ed25519", "signing_key": "whsk_AAAA"},

@@ -186,6 +186,7 @@ RECORDS: dict[str, dict[str, Any]] = {
         "signing": "ed25519",
         "signingKey": "whsk_" + "A" * 43 + "=",
         "mtls": {"certificate": "/etc/pipeline/client.pem", "key": "/etc/k.pem", "ca": None},
+        "proxy": "http://proxy.internal:3128",
     },
 }
 
@@ -207,6 +208,9 @@ SIGNING_DEFAULTS: dict[str, Any] = {"signing": None, "signingKey": None}
 
 #: The Destination field added after schemas/history/destination.v8.avsc, with its default.
 MTLS_DEFAULTS: dict[str, Any] = {"mtls": None}
+
+#: The Destination field added after schemas/history/destination.v9.avsc, with its default.
+PROXY_DEFAULTS: dict[str, Any] = {"proxy": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -244,6 +248,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *ROTATION_DEFAULTS,
             *SIGNING_DEFAULTS,
             *MTLS_DEFAULTS,
+            *PROXY_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -261,6 +266,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **ROTATION_DEFAULTS,
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
+        **PROXY_DEFAULTS,
     }
 
 
@@ -283,6 +289,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
             *ROTATION_DEFAULTS,
             *SIGNING_DEFAULTS,
             *MTLS_DEFAULTS,
+            *PROXY_DEFAULTS,
         )
     }
     decoded = codec.decode("Destination", write_with(old, record))
@@ -295,6 +302,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **ROTATION_DEFAULTS,
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
+        **PROXY_DEFAULTS,
     }
 
 
@@ -316,6 +324,7 @@ def test_a_config_record_written_before_origins_decodes_without_one(
                 **ROTATION_DEFAULTS,
                 **SIGNING_DEFAULTS,
                 **MTLS_DEFAULTS,
+                **PROXY_DEFAULTS,
             }
             if name == "Destination"
             else {}
@@ -335,6 +344,7 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
         **ROTATION_DEFAULTS,
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
+        **PROXY_DEFAULTS,
     }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
@@ -346,7 +356,13 @@ def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(code
     request."""
     old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
-    later = {**BATCH_DEFAULTS, **ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS}
+    later = {
+        **BATCH_DEFAULTS,
+        **ROTATION_DEFAULTS,
+        **SIGNING_DEFAULTS,
+        **MTLS_DEFAULTS,
+        **PROXY_DEFAULTS,
+    }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -356,7 +372,7 @@ def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(code
     """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
     old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
-    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS}
+    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -366,7 +382,7 @@ def test_a_destination_written_with_the_shipped_v7_schema_decodes_unsigned(codec
     """schemas/history/destination.v7.avsc predates signing: HMAC only, as before."""
     old = json.loads((schema_dir() / "history" / "destination.v7.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(SIGNING_DEFAULTS)
-    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS}
+    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -377,9 +393,21 @@ def test_a_destination_written_with_the_shipped_v8_schema_decodes_without_tls(co
     certificate."""
     old = json.loads((schema_dir() / "history" / "destination.v8.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(MTLS_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in MTLS_DEFAULTS}
+    later = {**MTLS_DEFAULTS, **PROXY_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **MTLS_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v9_schema_decodes_without_a_proxy(
+    codec: Codec,
+) -> None:
+    """schemas/history/destination.v9.avsc predates proxy: PIPELINE_HTTP_PROXY, if any."""
+    old = json.loads((schema_dir() / "history" / "destination.v9.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(PROXY_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in PROXY_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **PROXY_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))
