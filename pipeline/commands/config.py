@@ -134,10 +134,11 @@ def _read_yaml(path: str) -> object:
 def _apply(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.config import validate_config
     from pipeline.kafka.config_store import plan_config, write_plan
-    from pipeline.runtime.client_tls import client_tls_problems
+    from pipeline.runtime.client_tls import receiver_auth_problems
 
     config = validate_config(_read_yaml(args.file))
-    problems = client_tls_problems(config)  # the files it names, read here before anything
+    # The files it names, read here, and its token URLs, before anything is applied.
+    problems = receiver_auth_problems(config, settings.allowed_networks)
     if problems:
         raise ConfigError(problems)
     for warning in _blocked_url_warnings(config, settings):
@@ -353,6 +354,14 @@ def _destination_data(d: Destination, show_secrets: bool) -> dict[str, Any]:
         "signing_key": _mask(d.signing_key, show_secrets),
         "signing_public_key": None if d.signing_key is None else public_key_of(d.signing_key),
         "proxy": d.proxy if d.proxy is None or show_secrets else shown_proxy(d.proxy),
+        "oauth2": None
+        if d.oauth2 is None
+        else {
+            "token_url": d.oauth2.token_url,
+            "client_id": d.oauth2.client_id,
+            "client_secret": _mask(d.oauth2.client_secret, show_secrets),
+            "scope": d.oauth2.scope,
+        },
         "mtls": None
         if d.mtls is None
         else {
@@ -483,6 +492,10 @@ def format_config(
             )
             parts += [f"ca {_shown_pem(mtls['ca'])}"] if mtls["ca"] else []
             lines.append(f"  tls: {', '.join(parts)}")
+        if d["oauth2"] is not None:
+            oauth = d["oauth2"]
+            scope = f", scope {oauth['scope']}" if oauth["scope"] else ""
+            lines.append(f"  oauth2: client {oauth['client_id']} at {oauth['token_url']}{scope}")
         if d["proxy"] is not None:
             lines.append(f"  proxy: {d['proxy']}")
         if d["signing_public_key"] is not None:

@@ -18,6 +18,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         signing: ed25519                # optional; Standard Webhooks v1a signatures too
         mtls: {certificate: /etc/pipeline/client.pem, key: /etc/pipeline/client.key, ca: /etc/pipeline/ca.pem}
         proxy: http://proxy.internal:3128   # optional; else PIPELINE_HTTP_PROXY, if set
+        oauth2: {token_url: https://auth.example.com/token, client_id: id, client_secret: s, scope: hooks}
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -60,6 +61,7 @@ from pydantic import (
 from pipeline.core.destination_security import (
     ClientTls,
     ConfigModel,
+    OAuth2,
     PreviousSecret,
     ProxyUrl,
     Secret,
@@ -75,6 +77,7 @@ __all__ = [
     "Source",
     "Batch",
     "ClientTls",
+    "OAuth2",
     "is_pem",
     "Destination",
     "Ordering",
@@ -328,6 +331,8 @@ class Destination(_Model):
     mtls: ClientTls | None = None
     #: The forward proxy its requests go through (``None``: ``PIPELINE_HTTP_PROXY``, if set).
     proxy: ProxyUrl | None = None
+    #: OAuth2 client credentials: a bearer token on every request.
+    oauth2: OAuth2 | None = None
     #: Send calls in batches (a JSON array a request); ``None``: one call a request.
     batch: Batch | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)

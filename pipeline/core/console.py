@@ -160,6 +160,8 @@ def destination_data(
         data["mtls"] = current.mtls.model_dump(exclude_none=True)
     if current is not None and current.proxy is not None:  # likewise
         data["proxy"] = current.proxy
+    if current is not None and current.oauth2 is not None:  # likewise
+        data["oauth2"] = current.oauth2.model_dump(exclude_none=True)
     batch = _batch_data(form, current)
     if batch is not None:
         data["batch"] = batch

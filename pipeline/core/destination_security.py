@@ -1,8 +1,8 @@
 """What a destination's config says about trust between it and its receivers: its signing
 secrets being rotated out (``PreviousSecret``), its Ed25519 signatures (``Signing``,
-``SigningKey``), TLS to its receivers (``ClientTls``), and the proxy it reaches them through
-(``check_proxy_url``). Part of ``pipeline.core.config``, which
-re-exports them; apart only to keep that module readable."""
+``SigningKey``), TLS to its receivers (``ClientTls``), the proxy it reaches them through
+(``check_proxy_url``), and the OAuth2 client credentials it logs in with (``OAuth2``). Part of
+``pipeline.core.config``, which re-exports them; apart only to keep that module readable."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import enum
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.core.signing import check_signing_key
 
@@ -18,6 +26,7 @@ __all__ = [
     "ClientTls",
     "ConfigModel",
     "PemOrPath",
+    "OAuth2",
     "PreviousSecret",
     "ProxyUrl",
     "Secret",
@@ -128,3 +137,31 @@ def shown_proxy(url: str) -> str:
 
 
 ProxyUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_proxy_url)]
+
+
+class OAuth2(ConfigModel):
+    """OAuth2 client credentials (``oauth2`` in the config file): a bearer token from
+    ``token_url`` rides on every request (``Authorization: Bearer …``), fetched once per worker,
+    refreshed before it expires and once on a 401. ``client_secret`` is a secret.
+
+        OAuth2(token_url="https://auth.example.com/token", client_id="id", client_secret="s")
+    """
+
+    token_url: Annotated[str, Field(max_length=2048)]
+    client_id: Annotated[str, Field(min_length=1, max_length=1024)]
+    client_secret: Secret
+    scope: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @field_validator("token_url")
+    @classmethod
+    def _token_url(cls, url: str) -> str:
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError as exc:
+            raise ValueError(f"{url!r} is not a valid URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} must be an https:// URL with a host")
+        if parts.username or parts.password:
+            raise ValueError(f"{url!r} carries credentials; give client_id and client_secret")
+        return url

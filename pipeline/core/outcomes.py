@@ -66,6 +66,8 @@ class Failure(enum.StrEnum):
     """The URL cannot be requested."""
     BLOCKED_ADDRESS = "blocked_address"
     """The host resolves to an address deliveries may not reach."""
+    AUTH_ERROR = "auth_error"
+    """No OAuth2 token: its token endpoint failed or refused the client (retried)."""
     CIRCUIT_OPEN = "circuit_open"
     """Not tried: the endpoint's circuit breaker is open after a run of failures."""
 
@@ -78,6 +80,7 @@ RETRYABLE = frozenset(
         Failure.TIMEOUT,
         Failure.CONNECTION_ERROR,
         Failure.BAD_RESPONSE,
+        Failure.AUTH_ERROR,
     }
 )
 

@@ -39,13 +39,14 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from pipeline.core.address_policy import AddressPolicy
-from pipeline.core.config import ClientTls, Destination
+from pipeline.core.config import ClientTls, Destination, OAuth2
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.log_entries import RESPONSE_SNIPPET_BYTES
 from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_after
 from pipeline.core.secret_rotation import signing_secrets
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
+from pipeline.http.oauth2 import TokenError, Tokens
 from pipeline.http.slots import Slots
 from pipeline.runtime.awake_clock import AwakeClock
 from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
@@ -172,6 +173,7 @@ class WebhookSender:
         self._slots: dict[str, Slots] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: dict[ClientTls, ssl.SSLContext | str] = {}
+        self._tokens = Tokens(self._post_form)
         self._awake = AwakeClock()
         self.health = health or EndpointHealth(settings, clock=self._awake)
 
@@ -258,6 +260,14 @@ class WebhookSender:
         tls = self.tls_of(destination)
         proxy = destination.proxy or self._proxy
         hooks = destination.webhooks
+        oauth, token = destination.oauth2, None
+        if oauth is not None:
+            try:
+                token = await self._tokens.token(oauth)
+            except TokenError as exc:  # no request without its token: retried as auth_error
+                detail = str(exc)[:_DETAIL_CHARS]
+                return [UrlResult(h.url, failure=Failure.AUTH_ERROR, detail=detail) for h in hooks]
+            signed = {**signed, "Authorization": f"Bearer {token}"}
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
             headers = _merged(hook.headers, signed)
@@ -273,8 +283,65 @@ class WebhookSender:
                     )
                 )
             )
+        if token is not None and any(result.status == 401 for result in results):
+            assert oauth is not None
+            results = await self._with_a_new_token(
+                destination, oauth, token, results, body, signed, final, tls, proxy
+            )
         self.health.answered(destination, results)
         return results
+
+    async def _with_a_new_token(
+        self,
+        destination: Destination,
+        oauth: OAuth2,
+        token: str,
+        results: list[UrlResult],
+        body: bytes,
+        signed: dict[str, str],
+        final: bool,
+        tls: ssl.SSLContext | str | None,
+        proxy: str | None,
+    ) -> list[UrlResult]:
+        """A receiver answered 401 to ``token``: one new token, and those requests once more
+        (the others' results stand). A 401 to the new token stands (a 4xx: the credentials are
+        wrong); no new token makes them ``auth_error`` (retried)."""
+        self._tokens.spoiled(oauth, token)
+        try:
+            fresh = await self._tokens.token(oauth)
+        except TokenError as exc:  # no new token to try: retried as auth_error, not a 4xx
+            detail = str(exc)[:_DETAIL_CHARS]
+            return [
+                UrlResult(r.url, failure=Failure.AUTH_ERROR, detail=detail)
+                if r.status == 401
+                else r
+                for r in results
+            ]
+        signed = {**signed, "Authorization": f"Bearer {fresh}"}
+        again = []
+        for hook, result in zip(destination.webhooks, results, strict=True):
+            if result.status == 401:
+                headers = _merged(hook.headers, signed)
+                result = await self._guarded_post(hook.url, headers, body, final, tls, proxy)
+            again.append(result)
+        return again
+
+    async def bearer(self, destination: Destination) -> dict[str, str]:
+        """The ``Authorization`` header of ``destination``'s OAuth2 token ({} without oauth2);
+        ``TokenError`` when none can be had."""
+        if destination.oauth2 is None:
+            return {}
+        return {"Authorization": f"Bearer {await self._tokens.token(destination.oauth2)}"}
+
+    async def _post_form(
+        self, url: str, form: dict[str, str], headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """A token request (``pipeline.http.oauth2``), through the guarded session."""
+        assert self._session is not None, "WebhookSender.start() was not awaited"
+        async with self._session.post(
+            url, data=form, headers=headers, allow_redirects=False
+        ) as response:
+            return response.status, await response.content.read(_MAX_RESPONSE_BYTES)
 
     def _target(self, url: str) -> _Target:
         """``url``'s target, worked out on first use and remembered."""

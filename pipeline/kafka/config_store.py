@@ -30,6 +30,7 @@ from pipeline.core.config import (
     ClientTls,
     ConfigTable,
     Destination,
+    OAuth2,
     PipelineConfig,
     PreviousSecret,
     RetryPolicy,
@@ -146,6 +147,14 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "signingKey": dest.signing_key,
         "mtls": None if dest.mtls is None else dest.mtls.model_dump(),
         "proxy": dest.proxy,
+        "oauth2": None
+        if dest.oauth2 is None
+        else {
+            "tokenUrl": dest.oauth2.token_url,
+            "clientId": dest.oauth2.client_id,
+            "clientSecret": dest.oauth2.client_secret,
+            "scope": dest.oauth2.scope,
+        },
         "previousSecrets": [
             {"secret": p.secret, "until": p.until_ms} for p in dest.previous_secrets
         ],
@@ -185,6 +194,14 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         signing_key=record["signingKey"],
         mtls=None if record["mtls"] is None else ClientTls(**record["mtls"]),
         proxy=record["proxy"],
+        oauth2=None
+        if record["oauth2"] is None
+        else OAuth2(
+            token_url=record["oauth2"]["tokenUrl"],
+            client_id=record["oauth2"]["clientId"],
+            client_secret=record["oauth2"]["clientSecret"],
+            scope=record["oauth2"]["scope"],
+        ),
         previous_secrets=[
             PreviousSecret(secret=p["secret"], until=_utc(p["until"]))
             for p in record["previousSecrets"]

@@ -12,14 +12,21 @@ self-signed receiver without a configured CA is refused as ever.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from urllib.parse import urlsplit
 
 from pipeline.core.config import ClientTls, PipelineConfig, is_pem
 
-__all__ = ["ClientTlsError", "client_tls_context", "client_tls_problems"]
+__all__ = [
+    "ClientTlsError",
+    "client_tls_context",
+    "client_tls_problems",
+    "receiver_auth_problems",
+]
 
 
 class ClientTlsError(ValueError):
@@ -98,3 +105,28 @@ def _why(value: str, exc: BaseException, what: str) -> str:
     where = "the PEM text given" if is_pem(value) else value
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return f"{where} is not usable as {what}: {reason}"
+
+
+def receiver_auth_problems(config: PipelineConfig, allowed_networks: Sequence[str]) -> list[str]:
+    """What ``config apply`` and the console check beyond the file's rules, on this machine:
+    every ``mtls`` file (``client_tls_problems``), and that an OAuth2 ``token_url`` is https,
+    or http only to an address inside ``PIPELINE_ALLOWED_NETWORKS`` (its client secret goes in
+    that request)."""
+    problems = client_tls_problems(config)
+    networks = [ipaddress.ip_network(cidr, strict=False) for cidr in allowed_networks]
+    for index, destination in enumerate(config.destinations):
+        oauth = destination.oauth2
+        if oauth is None or oauth.token_url.startswith("https://"):
+            continue
+        host = urlsplit(oauth.token_url).hostname or ""
+        try:
+            inside = any(ipaddress.ip_address(host) in net for net in networks)
+        except ValueError:
+            inside = False
+        if not inside:
+            problems.append(
+                f"destinations[{index}] ({destination.id}).oauth2.token_url: "
+                f"{oauth.token_url!r} must be https:// (http:// only to an address in "
+                "PIPELINE_ALLOWED_NETWORKS: the client secret travels in it)"
+            )
+    return problems

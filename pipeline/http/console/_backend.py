@@ -22,6 +22,7 @@ from pipeline.core.console import changed_fields
 from pipeline.core.exceptions import StoreUnavailable
 from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.timestamps import now_ms
+from pipeline.http.oauth2 import TokenError
 from pipeline.http.sender import Probe, WebhookSender
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.config_store import ConfigFollower, write_config
@@ -207,9 +208,15 @@ class Console:
         headers, signed with its secret); the headers sent (signature included) and each answer."""
         signed = self.sender.signed_headers(destination, body, message_id)
         tls = self.sender.tls_of(destination)
+        try:
+            bearer = await self.sender.bearer(destination)
+        except TokenError as exc:
+            return signed, [
+                Probe(hook.url, None, [], "", 0.0, str(exc)) for hook in destination.webhooks
+            ]
         probes: Sequence[Probe] = await asyncio.gather(
             *(
-                self.sender.probe(hook.url, {**hook.headers, **signed}, body, tls)
+                self.sender.probe(hook.url, {**hook.headers, **signed, **bearer}, body, tls)
                 for hook in destination.webhooks
             )
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -32,7 +33,7 @@ from pipeline.core.secret_rotation import keyed, new_secret, rotated
 from pipeline.core.signing import public_key_of
 from pipeline.core.timestamps import format_timestamp, now_ms
 from pipeline.http.console._page import Views, local_path, redirect, session_of
-from pipeline.runtime.client_tls import client_tls_problems
+from pipeline.runtime.client_tls import receiver_auth_problems
 from pipeline.store import DestinationStats
 
 __all__ = ["DestinationViews"]
@@ -198,7 +199,9 @@ class DestinationViews(Views):
                 request, current, form=form, checked_sources=checked, errors=errors
             )
         try:
-            dest = _validated_destination(self.console.table, data)
+            dest = _validated_destination(
+                self.console.table, data, self.console.settings.allowed_networks
+            )
         except ConfigError as exc:
             errors = problems_by_field(exc.problems, str(data["id"]))
             return self._destination_form(
@@ -281,7 +284,9 @@ class DestinationViews(Views):
         )
 
 
-def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destination:
+def _validated_destination(
+    table: ConfigTable, data: dict[str, Any], allowed_networks: Sequence[str]
+) -> Destination:
     """The destination ``data`` describes, validated within the live config as ``config apply``
     would validate the file (``ConfigError`` with its words otherwise)."""
     whole = config_data(table)
@@ -290,8 +295,8 @@ def _validated_destination(table: ConfigTable, data: dict[str, Any]) -> Destinat
     whole["destinations"] = [*others, data]
     config = validate_config(whole)
     dest: Destination = config.destinations[index]
-    if dest.mtls is not None:  # its files, read here before anything is saved
-        problems = client_tls_problems(PipelineConfig(destinations=[dest]))
+    if dest.mtls is not None or dest.oauth2 is not None:  # read here before anything is saved
+        problems = receiver_auth_problems(PipelineConfig(destinations=[dest]), allowed_networks)
         if problems:
             raise ConfigError(
                 [p.replace("destinations[0]", f"destinations[{index}]") for p in problems]

@@ -64,6 +64,7 @@ def test_retryable_failures() -> None:
         Failure.TIMEOUT,
         Failure.CONNECTION_ERROR,
         Failure.BAD_RESPONSE,
+        Failure.AUTH_ERROR,  # no OAuth2 token: its endpoint may come back
     }
     for permanent in (
         Failure.CLIENT_ERROR,

@@ -187,6 +187,12 @@ RECORDS: dict[str, dict[str, Any]] = {
         "signingKey": "whsk_" + "A" * 43 + "=",
         "mtls": {"certificate": "/etc/pipeline/client.pem", "key": "/etc/k.pem", "ca": None},
         "proxy": "http://proxy.internal:3128",
+        "oauth2": {
+            "tokenUrl": "https://auth.example.com/token",
+            "clientId": "id",
+            "clientSecret": "s",
+            "scope": None,
+        },
     },
 }
 
@@ -211,6 +217,9 @@ MTLS_DEFAULTS: dict[str, Any] = {"mtls": None}
 
 #: The Destination field added after schemas/history/destination.v9.avsc, with its default.
 PROXY_DEFAULTS: dict[str, Any] = {"proxy": None}
+
+#: The Destination field added after schemas/history/destination.v10.avsc, with its default.
+OAUTH2_DEFAULTS: dict[str, Any] = {"oauth2": None}
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -249,6 +258,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             *SIGNING_DEFAULTS,
             *MTLS_DEFAULTS,
             *PROXY_DEFAULTS,
+            *OAUTH2_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -267,6 +277,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
         **PROXY_DEFAULTS,
+        **OAUTH2_DEFAULTS,
     }
 
 
@@ -290,6 +301,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
             *SIGNING_DEFAULTS,
             *MTLS_DEFAULTS,
             *PROXY_DEFAULTS,
+            *OAUTH2_DEFAULTS,
         )
     }
     decoded = codec.decode("Destination", write_with(old, record))
@@ -303,6 +315,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
         **PROXY_DEFAULTS,
+        **OAUTH2_DEFAULTS,
     }
 
 
@@ -325,6 +338,7 @@ def test_a_config_record_written_before_origins_decodes_without_one(
                 **SIGNING_DEFAULTS,
                 **MTLS_DEFAULTS,
                 **PROXY_DEFAULTS,
+                **OAUTH2_DEFAULTS,
             }
             if name == "Destination"
             else {}
@@ -345,6 +359,7 @@ def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(code
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
         **PROXY_DEFAULTS,
+        **OAUTH2_DEFAULTS,
     }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
@@ -362,6 +377,7 @@ def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(code
         **SIGNING_DEFAULTS,
         **MTLS_DEFAULTS,
         **PROXY_DEFAULTS,
+        **OAUTH2_DEFAULTS,
     }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
@@ -372,7 +388,13 @@ def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(code
     """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
     old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
-    later = {**ROTATION_DEFAULTS, **SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS}
+    later = {
+        **ROTATION_DEFAULTS,
+        **SIGNING_DEFAULTS,
+        **MTLS_DEFAULTS,
+        **PROXY_DEFAULTS,
+        **OAUTH2_DEFAULTS,
+    }
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -382,7 +404,7 @@ def test_a_destination_written_with_the_shipped_v7_schema_decodes_unsigned(codec
     """schemas/history/destination.v7.avsc predates signing: HMAC only, as before."""
     old = json.loads((schema_dir() / "history" / "destination.v7.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(SIGNING_DEFAULTS)
-    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS}
+    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -393,7 +415,7 @@ def test_a_destination_written_with_the_shipped_v8_schema_decodes_without_tls(co
     certificate."""
     old = json.loads((schema_dir() / "history" / "destination.v8.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(MTLS_DEFAULTS)
-    later = {**MTLS_DEFAULTS, **PROXY_DEFAULTS}
+    later = {**MTLS_DEFAULTS, **PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
@@ -405,9 +427,21 @@ def test_a_destination_written_with_the_shipped_v9_schema_decodes_without_a_prox
     """schemas/history/destination.v9.avsc predates proxy: PIPELINE_HTTP_PROXY, if any."""
     old = json.loads((schema_dir() / "history" / "destination.v9.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint(PROXY_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in PROXY_DEFAULTS}
+    later = {**PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **PROXY_DEFAULTS}
+    assert decoded == {**record, **later}
+
+
+def test_a_destination_written_with_the_shipped_v10_schema_decodes_without_oauth2(
+    codec: Codec,
+) -> None:
+    """schemas/history/destination.v10.avsc predates oauth2: no bearer token."""
+    old = json.loads((schema_dir() / "history" / "destination.v10.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(OAUTH2_DEFAULTS)
+    record = {k: v for k, v in RECORDS["Destination"].items() if k not in OAUTH2_DEFAULTS}
+    decoded = codec.decode("Destination", write_with(old, record))
+    assert decoded == {**record, **OAUTH2_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))
