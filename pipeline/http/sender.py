@@ -258,7 +258,7 @@ class WebhookSender:
             await asyncio.sleep(wait)
         signed = self.signed_headers(destination, body, message_id)
         tls = self.tls_of(destination)
-        proxy = destination.proxy or self._proxy
+        proxy = self.proxy_of(destination)
         hooks = destination.webhooks
         oauth, token = destination.oauth2, None
         if oauth is not None:
@@ -395,6 +395,10 @@ class WebhookSender:
         self._verdicts[host] = (now + DNS_VERDICT_SECONDS, refusal)
         return refusal
 
+    def proxy_of(self, destination: Destination) -> str | None:
+        """The proxy ``destination``'s requests go through (its own, else the worker's)."""
+        return destination.proxy or self._proxy
+
     def tls_of(self, destination: Destination) -> ssl.SSLContext | str | None:
         """The TLS context of ``destination``'s requests (``None``: the session's), or why it
         cannot be made on this machine."""
@@ -464,6 +468,7 @@ class WebhookSender:
         headers: dict[str, str],
         body: bytes,
         tls: ssl.SSLContext | str | None = None,
+        proxy: str | None = None,
     ) -> Probe:
         """POST once, outside every circuit and limit, and keep the whole answer: the console's
         test event. Guarded like every delivery (blocked addresses, no redirects, no cookies);
@@ -476,6 +481,13 @@ class WebhookSender:
         if isinstance(tls, str):
             return Probe(url, None, [], "", 0.0, tls)
         options: dict[str, Any] = {} if tls is None else {"ssl": tls}
+        if proxy is not None:  # as deliveries: the target judged here, the proxy trusted
+            blocked = await self._refusal_behind_proxy(target.host)
+            if blocked is not None:
+                return Probe(url, None, [], "", 0.0, blocked)
+            assert self._resolver is not None
+            self._resolver.trust(urlsplit(proxy).hostname or "")
+            options["proxy"] = proxy
         try:
             async with self._session.post(
                 url, data=body, headers=headers, allow_redirects=False, **options

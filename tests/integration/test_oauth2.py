@@ -121,7 +121,7 @@ def test_a_token_is_fetched_once_refreshed_on_expiry_and_on_a_401(
         authority.revoked.add("tok-2")
         authority.failing = True
     send_calls(settings, calls("c", 3), "wk")
-    assert stays(lambda: authority.count() == 101, 2.5)
+    assert stays(lambda: authority.count() == 101, 1.5)
     with authority.lock:
         authority.failing = False
     wait_for(lambda: authority.count() == 104, timeout=30)

@@ -216,7 +216,13 @@ class Console:
             ]
         probes: Sequence[Probe] = await asyncio.gather(
             *(
-                self.sender.probe(hook.url, {**hook.headers, **signed, **bearer}, body, tls)
+                self.sender.probe(
+                    hook.url,
+                    {**hook.headers, **signed, **bearer},
+                    body,
+                    tls,
+                    self.sender.proxy_of(destination),
+                )
                 for hook in destination.webhooks
             )
         )
