@@ -69,7 +69,7 @@ PemOrPath = Annotated[str, Field(min_length=1, max_length=65_536)]
 
 def is_pem(value: str) -> bool:
     """Whether a ``ClientTls`` field holds PEM text rather than a file's path."""
-    return value.lstrip().startswith("-----BEGIN")
+    return "-----BEGIN" in value
 
 
 class ClientTls(ConfigModel):

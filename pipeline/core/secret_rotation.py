@@ -83,7 +83,8 @@ def rotated(destination: Destination, secret: str, window: float, now: float) ->
             f"destination {destination.id!r} already has {len(live)} rotation windows open "
             f"(at most {MAX_PREVIOUS_SECRETS}); wait until the first ends"
         )
-    until = datetime.fromtimestamp(now + window, UTC)
+    # Whole milliseconds, as the config topic keeps it: the written destination reads back equal.
+    until = datetime.fromtimestamp(int((now + window) * 1000) / 1000, UTC)
     previous = [*live, PreviousSecret(secret=destination.shared_secret, until=until)]
     return destination.model_copy(update={"shared_secret": secret, "previous_secrets": previous})
 

@@ -57,7 +57,12 @@ class _Held:
     logged_at: float = float("-inf")
 
 
-Key = tuple[str, str, str | None]
+#: A client's tokens: its secret is part of it, so a changed secret fetches a new token.
+Key = tuple[str, str, str, str | None]
+
+
+def _key(oauth: OAuth2) -> Key:
+    return (oauth.token_url, oauth.client_id, oauth.client_secret, oauth.scope)
 
 
 class Tokens:
@@ -72,7 +77,7 @@ class Tokens:
     async def token(self, oauth: OAuth2) -> str:
         """A token for ``oauth`` (fetched if there is none fresh); ``TokenError`` if none can be
         had now."""
-        key = (oauth.token_url, oauth.client_id, oauth.scope)
+        key = _key(oauth)
         held = self._held.setdefault(key, _Held())
         now = self._clock()
         if held.token is not None and now < held.refresh_at:
@@ -102,7 +107,7 @@ class Tokens:
     def spoiled(self, oauth: OAuth2, token: str) -> None:
         """A receiver answered 401 to ``token``: the next request fetches a new one (unless
         another request already did)."""
-        held = self._held.get((oauth.token_url, oauth.client_id, oauth.scope))
+        held = self._held.get(_key(oauth))
         if held is not None and held.token == token:
             held.token = None
 

@@ -36,7 +36,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from pipeline.core.address_policy import AddressPolicy
 from pipeline.core.config import ClientTls, Destination, OAuth2
@@ -46,6 +45,7 @@ from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_aft
 from pipeline.core.secret_rotation import signing_secrets
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
+from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
 from pipeline.http.oauth2 import TokenError, Tokens
 from pipeline.http.slots import Slots
 from pipeline.runtime.awake_clock import AwakeClock
@@ -78,50 +78,10 @@ class Probe:
 _DETAIL_CHARS = 200
 
 
-class BlockedAddressError(OSError):
-    """The address is refused by the SSRF guard."""
-
-
-class GuardedResolver(AbstractResolver):
-    """Resolves with aiohttp's threaded resolver, then drops addresses the policy refuses; a
-    configured proxy's host (``trust``) is not judged, and its addresses are remembered in
-    ``trusted`` for the socket check."""
-
-    def __init__(self, policy: AddressPolicy) -> None:
-        self._policy = policy
-        self._inner = aiohttp.ThreadedResolver()
-        self._trusted_hosts: set[str] = set()
-        #: Addresses of the configured proxies: the socket check lets them through.
-        self.trusted: set[str] = set()
-
-    def trust(self, host: str) -> None:
-        """``host`` is a proxy the operator configured: connected to whatever its address."""
-        if host not in self._trusted_hosts:
-            self._trusted_hosts.add(host)
-            if _is_ip_literal(host):
-                self.trusted.add(host)
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        if host in self._trusted_hosts:
-            self.trusted.update(r["host"] for r in results)
-            return results
-        allowed = [r for r in results if self._policy.allows(r["host"])]
-        if not allowed:
-            refusals = sorted({str(self._policy.refusal(r["host"])) for r in results})
-            raise BlockedAddressError(
-                f"{host} resolves only to blocked addresses: {'; '.join(refusals)}"
-            )
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
 #: How often a record waiting for a host's slot checks whether its endpoint fell silent.
 SILENCE_CHECK = 0.1
+#: A destination's TLS files are read again this often (seconds).
+TLS_REREAD = 60.0
 #: How long a target host's verdict behind a proxy holds (as aiohttp's DNS cache).
 DNS_VERDICT_SECONDS = 60.0
 #: URLs whose ``_Target`` is remembered; past this the cache starts again (config churn).
@@ -172,7 +132,7 @@ class WebhookSender:
         self._session: aiohttp.ClientSession | None = None
         self._slots: dict[str, Slots] = {}
         self._targets: dict[str, _Target] = {}
-        self._tls: dict[ClientTls, ssl.SSLContext | str] = {}
+        self._tls: dict[ClientTls, tuple[float, ssl.SSLContext | str]] = {}
         self._tokens = Tokens(self._post_form)
         self._awake = AwakeClock()
         self.health = health or EndpointHealth(settings, clock=self._awake)
@@ -208,7 +168,7 @@ class WebhookSender:
         family, kind, proto, _, address = addr_info
         refusal = self._policy.refusal(str(address[0]))
         trusted = self._resolver.trusted if self._resolver is not None else ()
-        if refusal is not None and str(address[0]) not in trusted:
+        if refusal is not None and (str(address[0]), address[1]) not in trusted:
             raise BlockedAddressError(refusal)
         return socket.socket(family=family, type=kind, proto=proto)
 
@@ -270,14 +230,14 @@ class WebhookSender:
             signed = {**signed, "Authorization": f"Bearer {token}"}
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
-            headers = _merged(hook.headers, signed)
+            headers = merged_headers(hook.headers, signed)
             results = [await self._guarded_post(hook.url, headers, body, final, tls, proxy)]
         else:
             results = list(
                 await asyncio.gather(
                     *(
                         self._guarded_post(
-                            hook.url, _merged(hook.headers, signed), body, final, tls, proxy
+                            hook.url, merged_headers(hook.headers, signed), body, final, tls, proxy
                         )
                         for hook in hooks
                     )
@@ -321,7 +281,7 @@ class WebhookSender:
         again = []
         for hook, result in zip(destination.webhooks, results, strict=True):
             if result.status == 401:
-                headers = _merged(hook.headers, signed)
+                headers = merged_headers(hook.headers, signed)
                 result = await self._guarded_post(hook.url, headers, body, final, tls, proxy)
             again.append(result)
         return again
@@ -361,7 +321,7 @@ class WebhookSender:
             )
         except ValueError as exc:
             return _Target(url, None, Failure.INVALID_URL, str(exc))
-        if _is_ip_literal(host):
+        if is_ip_literal(host):
             refusal = self._policy.refusal(host)
             if refusal is not None:
                 return _Target(url, None, Failure.BLOCKED_ADDRESS, refusal)
@@ -373,10 +333,11 @@ class WebhookSender:
         return _Target(url, slots, host=host)
 
     async def _refusal_behind_proxy(self, host: str) -> str | None:
-        """Why ``host`` may not be reached (``None``: it may), judged on its addresses here, as
-        if connecting directly (a proxy resolves it again: its answer is not checked). IP
-        literals were judged already. A verdict holds for ``DNS_VERDICT_SECONDS``."""
-        if _is_ip_literal(host):
+        """Why ``host`` may not be reached (``None``: it may), judged on its addresses here: any
+        blocked address refuses it (a proxy resolves it again and may fall back to any of them;
+        its answer is not checked). IP literals were judged already. A verdict holds for
+        ``DNS_VERDICT_SECONDS``."""
+        if is_ip_literal(host):
             return None
         now = time.monotonic()
         known = self._verdicts.get(host)
@@ -385,11 +346,12 @@ class WebhookSender:
         refusal: str | None = None
         assert self._resolver is not None, "WebhookSender.start() was not awaited"
         try:
-            await self._resolver.resolve(host, 0, socket.AF_UNSPEC)
-        except BlockedAddressError as exc:
-            refusal = str(exc)
+            addresses = await self._resolver.every_address(host)
         except OSError:
-            refusal = None  # not resolvable here: the proxy may know it; it answers for it
+            addresses = []  # not resolvable here: the proxy may know it; it answers for it
+        refusals = sorted({r for a in addresses if (r := self._policy.refusal(a)) is not None})
+        if refusals:
+            refusal = f"{host} resolves to blocked addresses: {'; '.join(refusals)}"
         if len(self._verdicts) >= _MAX_TARGETS:
             self._verdicts.clear()
         self._verdicts[host] = (now + DNS_VERDICT_SECONDS, refusal)
@@ -405,19 +367,22 @@ class WebhookSender:
         return None if destination.mtls is None else self._tls_for(destination.mtls)
 
     def _tls_for(self, mtls: ClientTls) -> ssl.SSLContext | str:
-        """The TLS context of a destination's ``mtls``, made once; or why it cannot be made here
-        (a file missing on this worker: its requests fail as connection errors, retried)."""
+        """The TLS context of a destination's ``mtls``, made afresh every ``TLS_REREAD``
+        seconds (a certificate renewed in place, a file deployed late); or why it cannot be
+        made here (a file missing on this worker: its requests fail as connection errors)."""
+        now = time.monotonic()
         known = self._tls.get(mtls)
-        if known is None:
+        if known is None or known[0] <= now:
             if len(self._tls) >= _MAX_TARGETS:
                 self._tls.clear()
+            context: ssl.SSLContext | str
             try:
-                known = client_tls_context(mtls)
+                context = client_tls_context(mtls)
             except ClientTlsError as exc:
-                known = f"mTLS: {exc}"
+                context = f"mTLS: {exc}"
                 log.error("webhook TLS settings unusable on this worker: %s", exc)
-            self._tls[mtls] = known
-        return known
+            known = self._tls[mtls] = (now + TLS_REREAD, context)
+        return known[1]
 
     async def _guarded_post(
         self,
@@ -439,7 +404,7 @@ class WebhookSender:
             if blocked is not None:
                 return UrlResult(url, failure=Failure.BLOCKED_ADDRESS, detail=blocked)
             assert self._resolver is not None, "WebhookSender.start() was not awaited"
-            self._resolver.trust(urlsplit(proxy).hostname or "")
+            self._resolver.trust(proxy)
         health = self.health
         endpoint = health.endpoint(url)
         # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
@@ -486,7 +451,7 @@ class WebhookSender:
             if blocked is not None:
                 return Probe(url, None, [], "", 0.0, blocked)
             assert self._resolver is not None
-            self._resolver.trust(urlsplit(proxy).hostname or "")
+            self._resolver.trust(proxy)
             options["proxy"] = proxy
         try:
             async with self._session.post(
@@ -571,20 +536,15 @@ class WebhookSender:
         return Failure.CONNECTION_ERROR, _describe(exc)
 
 
-def _merged(static: dict[str, str], signed: dict[str, str]) -> dict[str, str]:
+def merged_headers(static: dict[str, str], signed: dict[str, str]) -> dict[str, str]:
+    """A webhook's static headers under the signed ones, names compared without case (a
+    static ``authorization`` must not ride beside an OAuth2 ``Authorization``)."""
     if not static:
         return signed.copy()
-    headers = dict(static)
+    ours = {name.lower() for name in signed}
+    headers = {name: value for name, value in static.items() if name.lower() not in ours}
     headers.update(signed)
     return headers
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host.split("%", 1)[0])
-        return True
-    except OSError:
-        return False
 
 
 def _describe(exc: BaseException) -> str:

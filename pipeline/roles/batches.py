@@ -21,11 +21,11 @@ handed off; the calls of a partition this process loses are dropped from their b
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
-from collections.abc import Callable, Collection, Coroutine, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, MutableMapping
 from typing import Any, NamedTuple, Protocol
 
+from pipeline.core.batching import batch_body, batch_id, batch_label
 from pipeline.core.config import Destination
 from pipeline.core.delivery_policy import Conclusion
 from pipeline.core.outcomes import Outcome, UrlResult
@@ -35,7 +35,7 @@ from pipeline.kafka.errors import Produced
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_decisions import Concluded, Logged, Sender, Start
 
-__all__ = ["Batches", "BatchOwner", "Gathered", "aligned", "batch_body", "batch_id", "batch_label"]
+__all__ = ["Batches", "BatchOwner", "Gathered", "aligned"]
 
 
 class BatchOwner(Protocol):
@@ -126,7 +126,8 @@ class Batches:
             )
         batch.size += size + (1 if batch.calls else 0)  # a comma between two bodies
         batch.calls.append(Gathered(consumed, start, loop))
-        if len(batch.calls) >= limits.max_events or batch.size >= limits.max_bytes:
+        full = len(batch.calls) >= limits.max_events or batch.size >= limits.max_bytes
+        if full or start.final:  # a call's last slot before its deadline waits for nothing
             self._go(destination.id)
 
     def _go(self, destination_id: str) -> None:
@@ -136,6 +137,12 @@ class Batches:
         if batch.timer is not None:
             batch.timer.cancel()
         self._spawn(self._attempt(batch.destination, batch.calls))
+
+    async def flush_on(self, stop: asyncio.Event) -> None:
+        """Send every open batch as soon as ``stop`` is set: before the consumer loop waits for
+        what is in flight and commits, so that what they carry is finished and committed."""
+        await stop.wait()
+        self.flush()
 
     def flush(self) -> None:
         """Send every open batch now (the worker is stopping)."""
@@ -221,25 +228,6 @@ class Batches:
             except Exception as exc:
                 concluded.append(owner.failed(consumed, start.record, exc))
         return concluded
-
-
-def batch_body(bodies: Sequence[bytes]) -> bytes:
-    """The request body of a batch: the JSON array of its calls' bodies (each a JSON object).
-
-    >>> batch_body([b'{"a":1}', b'{"b":2}'])
-    b'[{"a":1},{"b":2}]'
-    """
-    return b"[" + b",".join(bodies) + b"]"
-
-
-def batch_id() -> str:
-    """A new batch's id: its request's ``webhook-id`` and its name in the delivery log."""
-    return f"batch_{secrets.token_hex(10)}"
-
-
-def batch_label(ident: str, calls: int) -> str:
-    """What each call's attempt entry in the delivery log says of its batch."""
-    return f"{ident} of {calls} call{'s' if calls != 1 else ''}"
 
 
 def aligned(conclusions: list[Conclusion | Concluded]) -> list[Conclusion | Concluded]:

@@ -569,10 +569,10 @@ class DeliveryHandler:
             self._lanes.start_sweep(lambda: self._follower.table)
         if self.role == "deliver":
             self._spawn(self._watch.sweep_secrets(lambda: self._follower.table))
+        self._spawn(self._batches.flush_on(self._stop))
 
     def owned_place(self, topic: str) -> tuple[str, int] | None:
-        """A partition this handler holds now: of ``topic`` if it holds one, else of any of its
-        topics (the lowest; ``None``: none)."""
+        """A partition held here: of ``topic`` if one is, else the lowest (``None``: none)."""
         return min(self._owned, key=lambda tp: (tp[0] != topic, tp), default=None)
 
     def _share_changed(self) -> None:

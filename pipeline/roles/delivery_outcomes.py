@@ -226,6 +226,8 @@ class DestinationWatch:
                 kept = without_ended_secrets(destination, now)
                 if kept is destination or swept.get(destination.id) == destination:
                     continue
+                if table().destinations.get(destination.id) != destination:
+                    continue  # changed meanwhile (the sends before took a while): next sweep
                 swept[destination.id] = destination
                 record = destination_record(self._config_topic, self._codec, kept)
                 await self._producer.send_all_until_acked([record], self._stop)

@@ -87,9 +87,16 @@ def _file(field: str, value: str) -> Iterator[str]:
     """A path to ``value``: the file it names, or a private temporary copy of its PEM text
     (``load_cert_chain`` reads files only), removed at once."""
     if not is_pem(value):
-        if not os.access(value, os.R_OK):
-            reason = "no such file" if not os.path.exists(value) else "not readable by this user"
-            raise ClientTlsError(field, f"cannot read {value}: {reason}")
+        # A key is a secret: its value is named only when it looks like a path.
+        shown = value if "\n" not in value and len(value) <= 1024 else "the value given"
+        try:
+            readable = os.access(value, os.R_OK)
+            exists = os.path.exists(value)
+        except ValueError:  # a NUL in it: no path at all
+            raise ClientTlsError(field, "is neither a file's path nor PEM text") from None
+        if not readable:
+            reason = "no such file" if not exists else "not readable by this user"
+            raise ClientTlsError(field, f"cannot read {shown}: {reason}")
         yield value
         return
     handle, path = tempfile.mkstemp(prefix="pipeline-tls-", suffix=".pem")  # mode 0600

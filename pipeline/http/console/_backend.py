@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pipeline.core.batching import batch_body, batch_id
 from pipeline.core.config import ConfigTable, Destination, Source
 from pipeline.core.console import changed_fields
 from pipeline.core.exceptions import StoreUnavailable
 from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.timestamps import now_ms
 from pipeline.http.oauth2 import TokenError
-from pipeline.http.sender import Probe, WebhookSender
+from pipeline.http.sender import Probe, WebhookSender, merged_headers
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.config_store import ConfigFollower, write_config
 from pipeline.kafka.events import EventEmitter, EventKind, EventLog
@@ -205,7 +206,10 @@ class Console:
         self, destination: Destination, body: bytes, message_id: str
     ) -> tuple[dict[str, str], list[Probe]]:
         """POST ``body`` to each webhook of ``destination`` as a delivery would (its static
-        headers, signed with its secret); the headers sent (signature included) and each answer."""
+        headers, signed with its secret; a batching destination's as a batch of one); the headers
+        sent (signature included) and each answer."""
+        if destination.batch is not None:
+            body, message_id = batch_body([body]), batch_id()
         signed = self.sender.signed_headers(destination, body, message_id)
         tls = self.sender.tls_of(destination)
         try:
@@ -218,7 +222,7 @@ class Console:
             *(
                 self.sender.probe(
                     hook.url,
-                    {**hook.headers, **signed, **bearer},
+                    merged_headers(hook.headers, {**signed, **bearer}),
                     body,
                     tls,
                     self.sender.proxy_of(destination),

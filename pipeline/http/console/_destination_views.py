@@ -200,7 +200,7 @@ class DestinationViews(Views):
             )
         try:
             dest = _validated_destination(
-                self.console.table, data, self.console.settings.allowed_networks
+                self.console.table, data, self.console.settings.allowed_networks, current
             )
         except ConfigError as exc:
             errors = problems_by_field(exc.problems, str(data["id"]))
@@ -285,7 +285,10 @@ class DestinationViews(Views):
 
 
 def _validated_destination(
-    table: ConfigTable, data: dict[str, Any], allowed_networks: Sequence[str]
+    table: ConfigTable,
+    data: dict[str, Any],
+    allowed_networks: Sequence[str],
+    current: Destination | None,
 ) -> Destination:
     """The destination ``data`` describes, validated within the live config as ``config apply``
     would validate the file (``ConfigError`` with its words otherwise)."""
@@ -295,7 +298,10 @@ def _validated_destination(
     whole["destinations"] = [*others, data]
     config = validate_config(whole)
     dest: Destination = config.destinations[index]
-    if dest.mtls is not None or dest.oauth2 is not None:  # read here before anything is saved
+    # TLS files and token URLs, checked here when they change (they are set in the config file:
+    # an unchanged one was checked where it was applied, on a machine that has the files).
+    unchanged = current is not None and (current.mtls, current.oauth2) == (dest.mtls, dest.oauth2)
+    if not unchanged and (dest.mtls is not None or dest.oauth2 is not None):
         problems = receiver_auth_problems(PipelineConfig(destinations=[dest]), allowed_networks)
         if problems:
             raise ConfigError(

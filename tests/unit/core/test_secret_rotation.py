@@ -97,3 +97,13 @@ def test_a_new_secret_is_random_and_in_the_standard_webhooks_form() -> None:
     first, second = new_secret(), new_secret()
     assert first != second
     assert first.startswith("whsec_") and len(base64.b64decode(first[6:])) == 24
+
+
+def test_a_rotation_window_ends_on_a_whole_millisecond() -> None:
+    """As the config topic keeps it: the destination written reads back equal."""
+    dest = Destination(
+        id="hooks", sources=["web"], webhooks=[{"url": "https://a.example/"}], shared_secret="s"
+    )
+    [previous] = rotated(dest, "t", 3600.0, 1_795_000_000.123456).previous_secrets
+    assert previous.until.microsecond % 1000 == 0
+    assert previous.until_ms == 1_795_003_600_123

@@ -9,13 +9,14 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.batching import batch_body, batch_label
 from pipeline.core.config import Batch, ConfigTable, Destination, Source
 from pipeline.core.delivery_policy import Conclusion
 from pipeline.core.outcomes import Outcome
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.settings import Settings
 from pipeline.kafka.log_reading import decode_log_records
-from pipeline.roles.batches import aligned, batch_body, batch_label
+from pipeline.roles.batches import aligned
 from pipeline.roles.deliver import DeliveryHandler
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, FakeSender, health_of
 from tests.unit.roles.test_deliver_handler import (
@@ -227,3 +228,23 @@ def test_an_unbatched_destination_still_sends_one_call_a_request() -> None:
     sender = FakeSender(lambda d: [OK])
     handled(records(3), sender, plain)
     assert [body for _, body, *_ in sender.attempts] == [b'{"a":1}'] * 3
+
+
+def test_a_final_call_sends_its_batch_at_once() -> None:
+    """A call at its last slot before its deadline waits for nothing, not even max_wait."""
+    from pipeline.roles.batches import Batches
+    from pipeline.roles.delivery_decisions import Start
+
+    spawned: list[Any] = []
+    destination = table(max_wait=30.0).destinations["hooks"]
+
+    async def go() -> None:
+        batches = Batches(None, None, {"hooks": 2}, spawned.append)  # type: ignore[arg-type]
+        [first, last] = records(2)
+        batches.add(first, Start(delivery(), destination, False, None), FakeLoop())
+        assert spawned == [] and len(batches) == 1  # gathering, for up to 30 s
+        batches.add(last, Start(delivery(), destination, True, None), FakeLoop())
+        assert len(spawned) == 1 and len(batches) == 0  # gone with the final call
+        spawned[0].close()
+
+    asyncio.run(go())

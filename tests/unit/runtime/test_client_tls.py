@@ -124,3 +124,13 @@ def test_an_incomplete_mtls_is_refused(mtls: dict[str, str], message: str) -> No
     with pytest.raises(ConfigError) as caught:
         validate_config(data)
     assert message in str(caught.value)
+
+
+def test_a_key_that_is_no_path_is_never_echoed(tmp_path: Path) -> None:
+    certificate, _, _ = files(tmp_path)
+    secret = "Bag Attributes\nlocalKeyID: 01\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC"  # no BEGIN line
+    with pytest.raises(ClientTlsError) as caught:
+        client_tls_context(ClientTls(certificate=certificate, key=secret))
+    assert "MIIEv" not in str(caught.value) and "the value given" in str(caught.value)
+    with pytest.raises(ClientTlsError, match="neither a file's path nor PEM text"):
+        client_tls_context(ClientTls(certificate=certificate, key="a\x00b"))
