@@ -138,22 +138,28 @@ def rate(stats: dict[str, Any]) -> float:
 
 
 def wait_answered(
-    receiver: Receiver, count: int, *, timeout: float, stall: float = 10.0
+    receiver: Receiver,
+    count: int,
+    *,
+    timeout: float,
+    stall: float = 10.0,
+    counted: str = "answered",
 ) -> dict[str, Any]:
-    """Wait until ``receiver`` answered ``count`` requests (bounded by ``timeout`` and ``stall``)."""
+    """Wait until ``receiver`` answered ``count`` requests (``counted="calls"``: accepted that
+    many calls, a batch carrying many), bounded by ``timeout`` and ``stall``."""
     deadline = time.monotonic() + timeout
     last_change, seen = time.monotonic(), -1
     while True:
         stats = receiver.stats()
-        if stats["answered"] >= count:
+        if stats[counted] >= count:
             return stats
         now = time.monotonic()
-        if stats["answered"] != seen:
-            seen, last_change = stats["answered"], now
+        if stats[counted] != seen:
+            seen, last_change = stats[counted], now
         if now > deadline or now - last_change > stall:
             why = f"no progress for {stall:.0f} s" if now <= deadline else "timed out"
             raise TimeoutError(
-                f"receiver :{receiver.port} answered {stats['answered']} of {count} ({why})"
+                f"receiver :{receiver.port} {counted} {stats[counted]} of {count} ({why})"
             )
         time.sleep(0.05)
 

@@ -11,31 +11,14 @@ Run alone: ``python -m bench --only 15``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, produce_all
+from ._harness import Deployment, Receiver, Worker, produce_all, wait_answered
 
 __all__ = ["section_batching"]
 
 BATCH = {"max_events": 100, "max_wait": "200ms"}
-
-
-def _wait_calls(receiver: Receiver, count: int, *, timeout: float, stall: float = 15.0) -> Any:
-    """The receiver's stats once it accepted ``count`` calls (bounded by ``timeout``/``stall``)."""
-    deadline = time.monotonic() + timeout
-    seen, changed = -1, time.monotonic()
-    while True:
-        stats = receiver.stats()
-        if stats["calls"] >= count:
-            return stats
-        now = time.monotonic()
-        if stats["calls"] != seen:
-            seen, changed = stats["calls"], now
-        if now > deadline or now - changed > stall:
-            raise TimeoutError(f"the receiver accepted {stats['calls']} of {count} calls")
-        time.sleep(0.05)
 
 
 def _run(
@@ -47,7 +30,7 @@ def _run(
     receiver.reset()
     cpu = worker.cpu_seconds()
     produce_all(deployment.settings, deployment.topics.calls, records)
-    stats = _wait_calls(receiver, count, timeout=180)
+    stats = wait_answered(receiver, count, timeout=180, stall=15, counted="calls")
     used = worker.cpu_seconds() - cpu
     span = stats["last"] - stats["first"]
     rate = stats["calls"] / span if span > 0 else 0.0
@@ -79,7 +62,7 @@ def section_batching(
         warm_up(receiver, off, "s")
         receiver.reset()
         on.produce_calls("s", 20)
-        _wait_calls(receiver, 20, timeout=90, stall=60)
+        wait_answered(receiver, 20, timeout=90, stall=60, counted="calls")
         for run in range(bench.runs):
             for mode in ("off", "on") if run % 2 == 0 else ("on", "off"):
                 figures[mode].append(_run(receiver, deployments[mode], workers[mode], count))

@@ -191,6 +191,20 @@ class ServerThread:
         self.loop.close()
 
 
+def serve(server: ServerThread, app: web.Application) -> int:
+    """Run ``app`` on 127.0.0.1 on ``server``'s loop (closed with it); its port."""
+
+    async def start() -> int:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        server.runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return int(runner.addresses[0][1])
+
+    return int(server.run(start()))
+
+
 def by_attempt(*first: int, then: int) -> Callable[[bytes], int]:
     """Answers per messageId: ``first`` to its first requests in turn, ``then`` to the rest (so
     the script holds whatever order concurrent requests arrive in)."""

@@ -115,17 +115,28 @@ def verify_standard_webhooks(
     tolerance: float = STANDARD_WEBHOOKS_TOLERANCE,
 ) -> bool:
     """True when the Standard Webhooks headers sign ``body`` and the timestamp is fresh."""
+    fresh = _fresh(headers, now, tolerance)
+    if fresh is None:
+        return False
+    message_id, stamp, signatures = fresh
+    expected = _standard_signature(message_id, stamp, body, secret).encode()
+    return any(
+        hmac.compare_digest(expected, candidate.encode("ascii", "replace"))
+        for candidate in signatures
+    )
+
+
+def _fresh(
+    headers: Mapping[str, str], now: float, tolerance: float
+) -> tuple[str, int, list[str]] | None:
+    """The Standard Webhooks headers' id, timestamp and signatures, if the timestamp is within
+    ``tolerance`` of ``now`` (``None``: missing, malformed or stale)."""
     lowered = {k.lower(): v for k, v in headers.items()}
     message_id = lowered.get("webhook-id")
     stamp = lowered.get("webhook-timestamp", "")
-    signatures = lowered.get("webhook-signature", "")
     if not message_id or not stamp.isdigit() or abs(now - int(stamp)) > tolerance:
-        return False
-    expected = _standard_signature(message_id, int(stamp), body, secret).encode()
-    return any(
-        hmac.compare_digest(expected, candidate.encode("ascii", "replace"))
-        for candidate in signatures.split()
-    )
+        return None
+    return message_id, int(stamp), lowered.get("webhook-signature", "").split()
 
 
 def new_signing_key() -> str:
@@ -157,14 +168,13 @@ def verify_ed25519(
 ) -> bool:
     """True when a ``v1a`` signature of the Standard Webhooks headers verifies ``body`` with
     ``public_key`` (``whpk_…``) and the timestamp is fresh."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    message_id = lowered.get("webhook-id")
-    stamp = lowered.get("webhook-timestamp", "")
-    if not message_id or not stamp.isdigit() or abs(now - int(stamp)) > tolerance:
+    fresh = _fresh(headers, now, tolerance)
+    if fresh is None:
         return False
+    message_id, stamp, signatures = fresh
     key = Ed25519PublicKey.from_public_bytes(_raw(public_key, PUBLIC_KEY_PREFIX, "public key"))
     signed = f"{message_id}.{stamp}.".encode() + body
-    for candidate in lowered.get("webhook-signature", "").split():
+    for candidate in signatures:
         version, _, signature = candidate.partition(",")
         if version != "v1a":
             continue

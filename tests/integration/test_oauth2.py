@@ -20,6 +20,7 @@ from tests.support import (
     dead_letters,
     run_cli,
     send_calls,
+    serve,
     simple_config,
     stays,
     wait_for,
@@ -59,18 +60,10 @@ class Authority:
                 self.delivered.append(body["messageId"])
             return web.Response(text="ok")
 
-        async def serve() -> int:
-            app = web.Application()
-            app.router.add_post("/token", token)
-            app.router.add_post("/hook", hook)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            server.runners.append(runner)
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return int(runner.addresses[0][1])
-
-        self.base = f"http://127.0.0.1:{server.run(serve())}"
+        app = web.Application()
+        app.router.add_post("/token", token)
+        app.router.add_post("/hook", hook)
+        self.base = f"http://127.0.0.1:{serve(server, app)}"
 
     def count(self) -> int:
         with self.lock:

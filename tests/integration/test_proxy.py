@@ -15,6 +15,7 @@ from tests.support import (
     apply,
     dead_letters,
     send_calls,
+    serve,
     simple_config,
     stays,
     wait_for,
@@ -47,17 +48,9 @@ class ForwardProxy:
                 ) as answer:
                     return web.Response(status=answer.status, body=await answer.read())
 
-        async def serve() -> int:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", forward)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            server.runners.append(runner)
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return int(runner.addresses[0][1])
-
-        self.url = f"http://127.0.0.1:{server.run(serve())}"
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        self.url = f"http://127.0.0.1:{serve(server, app)}"
 
 
 @pytest.fixture
