@@ -446,6 +446,9 @@ def format_config(
     """
     import orjson
 
+    from pipeline.core.config import ClientTls
+    from pipeline.core.destination_security import tls_text
+
     data: dict[str, list[dict[str, Any]]] = {
         "sources": [
             {
@@ -486,12 +489,7 @@ def format_config(
         )
         lines.append(f"  {_policy_line(d)}")
         if d["mtls"] is not None:
-            mtls = d["mtls"]
-            parts = (
-                [f"certificate {_shown_pem(mtls['certificate'])}"] if mtls["certificate"] else []
-            )
-            parts += [f"ca {_shown_pem(mtls['ca'])}"] if mtls["ca"] else []
-            lines.append(f"  tls: {', '.join(parts)}")
+            lines.append(f"  tls: {tls_text(ClientTls(**d['mtls']))}")
         if d["oauth2"] is not None:
             oauth = d["oauth2"]
             scope = f", scope {oauth['scope']}" if oauth["scope"] else ""
@@ -509,10 +507,3 @@ def format_config(
             lines.append(f"  disabled: {d['disabled_reason']}{since}")
         lines += _origin_line(d)
     return "\n".join(lines)
-
-
-def _shown_pem(value: str) -> str:
-    """A certificate or CA as one line: its path, or that it is PEM text."""
-    from pipeline.core.config import is_pem
-
-    return "(PEM)" if is_pem(value) else value

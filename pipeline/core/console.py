@@ -125,10 +125,13 @@ def destination_data(
         data["shared_secret"] = current.shared_secret
     elif action not in ("keep", "clear"):
         raise FormError("shared_secret", f"unknown action {action!r}")
-    if "shared_secret" in data and current is not None and current.previous_secrets:
-        # A rotation's windows go on (the rotate button starts one; clearing ends them).
+    # What the form does not edit stays as the file says it: the settings made in the config
+    # file (TLS files, the proxy, OAuth2), and a rotation's windows while a secret is kept (the
+    # rotate button starts one; clearing the secret ends them).
+    if current is not None:
         exported = config_data(ConfigTable.build((), (current,)))["destinations"][0]
-        data["previous_secrets"] = exported["previous_secrets"]
+        kept = [*_FILE_ONLY, *(["previous_secrets"] if "shared_secret" in data else [])]
+        data.update({key: exported[key] for key in kept if key in exported})
     if current is not None and current.standard_webhooks and "shared_secret" in data:
         data["standard_webhooks"] = True
 
@@ -156,16 +159,14 @@ def destination_data(
             data["signing_key"] = current.signing_key
     elif signing != "none":
         raise FormError("signing", f"must be none or ed25519, got {signing!r}")
-    if current is not None and current.mtls is not None:  # set in the config file; kept here
-        data["mtls"] = current.mtls.model_dump(exclude_none=True)
-    if current is not None and current.proxy is not None:  # likewise
-        data["proxy"] = current.proxy
-    if current is not None and current.oauth2 is not None:  # likewise
-        data["oauth2"] = current.oauth2.model_dump(exclude_none=True)
     batch = _batch_data(form, current)
     if batch is not None:
         data["batch"] = batch
     return data
+
+
+#: A destination's fields set in the config file only: the console shows them and keeps them.
+_FILE_ONLY = ("mtls", "proxy", "oauth2")
 
 
 def _batch_data(form: Mapping[str, str], current: Destination | None) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ __all__ = [
     "SigningKey",
     "check_proxy_url",
     "is_pem",
+    "tls_text",
     "shown_proxy",
 ]
 
@@ -70,6 +71,16 @@ PemOrPath = Annotated[str, Field(min_length=1, max_length=65_536)]
 def is_pem(value: str) -> bool:
     """Whether a ``ClientTls`` field holds PEM text rather than a file's path."""
     return "-----BEGIN" in value
+
+
+def tls_text(mtls: ClientTls) -> str:
+    """``certificate /etc/pipeline/client.pem, ca (PEM)``: where a destination's TLS files
+    are, as ``config show`` and the console say it (PEM text is never shown)."""
+    parts = []
+    for name, value in (("certificate", mtls.certificate), ("ca", mtls.ca)):
+        if value is not None:
+            parts.append(f"{name} {'(PEM)' if is_pem(value) else value}")
+    return ", ".join(parts)
 
 
 class ClientTls(ConfigModel):

@@ -73,8 +73,13 @@ def _standard_key(secret: str) -> bytes:
     return secret.encode()
 
 
+def _signed_content(message_id: str, timestamp: int, body: bytes) -> bytes:
+    """What Standard Webhooks signs, ``v1`` and ``v1a`` alike: ``id.timestamp.body``."""
+    return f"{message_id}.{timestamp}.".encode() + body
+
+
 def _standard_signature(message_id: str, timestamp: int, body: bytes, secret: str) -> str:
-    signed = f"{message_id}.{timestamp}.".encode() + body
+    signed = _signed_content(message_id, timestamp, body)
     digest = hmac.new(_standard_key(secret), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
 
@@ -96,8 +101,7 @@ def standard_webhooks_headers(
     """
     signatures = [_standard_signature(message_id, timestamp, body, key) for key in secrets]
     if signing_key is not None:
-        signed = f"{message_id}.{timestamp}.".encode() + body
-        signature = _private_key(signing_key).sign(signed)
+        signature = _private_key(signing_key).sign(_signed_content(message_id, timestamp, body))
         signatures.append("v1a," + base64.b64encode(signature).decode())
     return {
         "webhook-id": message_id,
@@ -173,7 +177,7 @@ def verify_ed25519(
         return False
     message_id, stamp, signatures = fresh
     key = Ed25519PublicKey.from_public_bytes(_raw(public_key, PUBLIC_KEY_PREFIX, "public key"))
-    signed = f"{message_id}.{stamp}.".encode() + body
+    signed = _signed_content(message_id, stamp, body)
     for candidate in signatures:
         version, _, signature = candidate.partition(",")
         if version != "v1a":

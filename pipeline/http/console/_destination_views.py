@@ -26,7 +26,7 @@ from pipeline.core.console import (
     problems_by_field,
     webhook_rows,
 )
-from pipeline.core.destination_security import shown_proxy
+from pipeline.core.destination_security import shown_proxy, tls_text
 from pipeline.core.durations import HOUR_MS, parse_duration
 from pipeline.core.exceptions import ConfigError
 from pipeline.core.secret_rotation import keyed, new_secret, rotated
@@ -166,6 +166,7 @@ class DestinationViews(Views):
             rotations=[p for p in dest.previous_secrets if p.until_ms > now_ms()] if dest else [],
             public_key=public_key_of(dest.signing_key) if dest and dest.signing_key else None,
             proxy=shown_proxy(dest.proxy) if dest and dest.proxy else None,
+            tls=tls_text(dest.mtls) if dest and dest.mtls else None,
         )
 
     async def destination(self, request: web.Request) -> web.Response:

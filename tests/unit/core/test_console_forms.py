@@ -270,3 +270,24 @@ def test_problems_of_an_id_with_a_colon_go_next_to_their_field():
     problem = "destinations[0] (team:hooks).webhooks[0].url: 'x' has no host"
     assert problems_by_field([problem], "team:hooks") == {"webhooks[0].url": [problem]}
     assert problems_by_field([problem], "team") == {"": [problem]}
+
+
+def test_what_only_the_config_file_sets_is_kept_by_a_save():
+    from pipeline.core.config import ClientTls, OAuth2
+
+    configured = CURRENT.model_copy(
+        update={
+            "mtls": ClientTls(certificate="/etc/c.pem", key="/etc/k.pem"),
+            "proxy": "http://egress:pw@proxy.internal:3128",
+            "oauth2": OAuth2(
+                token_url="https://auth.example/token", client_id="id", client_secret="s"
+            ),
+        }
+    )
+    saved = validated(destination_data(form(name="Renamed"), ["web"], configured))
+    assert (saved.mtls, saved.proxy, saved.oauth2) == (
+        configured.mtls,
+        configured.proxy,
+        configured.oauth2,
+    )
+    assert saved.name == "Renamed"
