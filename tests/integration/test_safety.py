@@ -6,11 +6,14 @@ Only loopback addresses are ever connected to; "blocked" cases make no connectio
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 
@@ -158,20 +161,9 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
     import httpx
 
     from pipeline.core.signing import sign, standard_webhooks_headers
-    from pipeline.runtime.net import free_port
 
-    port = free_port()
-    process = subprocess.Popen(
-        # Two secrets, as during a rotation: either verifies.
-        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port)]
-        + ["--secret", "s", "--secret", "t"],
-        cwd=ROOT,
-        env=settings_env(settings),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: _up(port))
+    # Two secrets, as during a rotation: either verifies.
+    with receiver_command(settings, "--secret", "s", "--secret", "t") as port:
         body = b'{"type":"track"}'
 
         def post(timestamp: int, secret: str = "s", signed_with: str = "s") -> int:
@@ -196,6 +188,24 @@ def test_receiver_command_rejects_stale_and_forged_standard_webhooks(settings):
             ).status_code
             == 401
         )
+
+
+@contextlib.contextmanager
+def receiver_command(settings: Any, *args: str) -> Iterator[int]:
+    """``pipeline receiver ARGS`` on a free port, up; its port. Killed afterwards."""
+    from pipeline.runtime.net import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port), *args],
+        cwd=ROOT,
+        env=settings_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _up(port))
+        yield port
     finally:
         process.kill()
         process.wait(10)
@@ -244,20 +254,9 @@ def test_receiver_command_verifies_ed25519_with_the_public_key(settings):
     import httpx
 
     from pipeline.core.signing import new_signing_key, public_key_of, standard_webhooks_headers
-    from pipeline.runtime.net import free_port
 
     key = new_signing_key()
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "receiver", "--port", str(port)]
-        + ["--public-key", public_key_of(key)],
-        cwd=ROOT,
-        env=settings_env(settings),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: _up(port))
+    with receiver_command(settings, "--public-key", public_key_of(key)) as port:
         body = b'{"type":"track"}'
 
         def post(signing_key: str, timestamp: int) -> int:
@@ -269,8 +268,3 @@ def test_receiver_command_verifies_ed25519_with_the_public_key(settings):
         assert post(key, int(time.time())) == 200
         assert post(new_signing_key(), int(time.time())) == 401  # another key's signature
         assert post(key, int(time.time()) - 310) == 401  # a replay
-    finally:
-        process.kill()
-        process.wait(10)
-        assert process.stdout is not None
-        process.stdout.close()

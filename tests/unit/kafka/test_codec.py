@@ -200,26 +200,28 @@ RECORDS: dict[str, dict[str, Any]] = {
 #: destination.v3.avsc (who wrote the record, and when), with their defaults.
 ORIGIN_DEFAULTS = {"changedBy": None, "changedAt": None}
 
-#: The Destination field added after schemas/history/destination.v4.avsc, with its default.
-ORDERING_DEFAULTS = {"ordering": "none"}
+#: The Destination fields each shipped schema lacks, by the last schema without them (oldest
+#: first), with their defaults.
+ADDED_AFTER: list[tuple[str, dict[str, Any]]] = [
+    ("destination.v4", {"ordering": "none"}),
+    ("destination.v5", {"batch": None}),
+    ("destination.v6", {"previousSecrets": []}),
+    ("destination.v7", {"signing": None, "signingKey": None}),
+    ("destination.v8", {"mtls": None}),
+    ("destination.v9", {"proxy": None}),
+    ("destination.v10", {"oauth2": None}),
+]
 
-#: The Destination field added after schemas/history/destination.v5.avsc, with its default.
-BATCH_DEFAULTS = {"batch": None}
 
-#: The Destination field added after schemas/history/destination.v6.avsc, with its default.
-ROTATION_DEFAULTS: dict[str, Any] = {"previousSecrets": []}
+def added_since(shipped: str) -> dict[str, Any]:
+    """Every Destination field added after schemas/history/``shipped``.avsc (one of
+    ``ADDED_AFTER``), with its default."""
+    names = [name for name, _ in ADDED_AFTER]
+    return {k: v for _, fields in ADDED_AFTER[names.index(shipped) :] for k, v in fields.items()}
 
-#: The Destination fields added after schemas/history/destination.v7.avsc, with their defaults.
-SIGNING_DEFAULTS: dict[str, Any] = {"signing": None, "signingKey": None}
 
-#: The Destination field added after schemas/history/destination.v8.avsc, with its default.
-MTLS_DEFAULTS: dict[str, Any] = {"mtls": None}
-
-#: The Destination field added after schemas/history/destination.v9.avsc, with its default.
-PROXY_DEFAULTS: dict[str, Any] = {"proxy": None}
-
-#: The Destination field added after schemas/history/destination.v10.avsc, with its default.
-OAUTH2_DEFAULTS: dict[str, Any] = {"oauth2": None}
+#: Every Destination field added after the schemas before ``ADDED_AFTER``'s (v1 to v3).
+LATER_DEFAULTS = added_since("destination.v4")
 
 #: Destination fields added after schemas/history/destination.v2.avsc, with their defaults.
 DESTINATION_V3_DEFAULTS = {
@@ -252,13 +254,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
             "rateLimit",
             *DESTINATION_V3_DEFAULTS,
             *ORIGIN_DEFAULTS,
-            *ORDERING_DEFAULTS,
-            *BATCH_DEFAULTS,
-            *ROTATION_DEFAULTS,
-            *SIGNING_DEFAULTS,
-            *MTLS_DEFAULTS,
-            *PROXY_DEFAULTS,
-            *OAUTH2_DEFAULTS,
+            *LATER_DEFAULTS,
         )
     }
     out = io.BytesIO()
@@ -271,13 +267,7 @@ def test_a_destination_written_with_the_shipped_v1_schema_still_decodes(codec: C
         "rateLimit": None,
         **DESTINATION_V3_DEFAULTS,
         **ORIGIN_DEFAULTS,
-        **ORDERING_DEFAULTS,
-        **BATCH_DEFAULTS,
-        **ROTATION_DEFAULTS,
-        **SIGNING_DEFAULTS,
-        **MTLS_DEFAULTS,
-        **PROXY_DEFAULTS,
-        **OAUTH2_DEFAULTS,
+        **LATER_DEFAULTS,
     }
 
 
@@ -295,13 +285,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         not in (
             *DESTINATION_V3_DEFAULTS,
             *ORIGIN_DEFAULTS,
-            *ORDERING_DEFAULTS,
-            *BATCH_DEFAULTS,
-            *ROTATION_DEFAULTS,
-            *SIGNING_DEFAULTS,
-            *MTLS_DEFAULTS,
-            *PROXY_DEFAULTS,
-            *OAUTH2_DEFAULTS,
+            *LATER_DEFAULTS,
         )
     }
     decoded = codec.decode("Destination", write_with(old, record))
@@ -309,13 +293,7 @@ def test_a_destination_written_with_the_shipped_v2_schema_decodes_with_policy_de
         **record,
         **DESTINATION_V3_DEFAULTS,
         **ORIGIN_DEFAULTS,
-        **ORDERING_DEFAULTS,
-        **BATCH_DEFAULTS,
-        **ROTATION_DEFAULTS,
-        **SIGNING_DEFAULTS,
-        **MTLS_DEFAULTS,
-        **PROXY_DEFAULTS,
-        **OAUTH2_DEFAULTS,
+        **LATER_DEFAULTS,
     }
 
 
@@ -330,118 +308,28 @@ def test_a_config_record_written_before_origins_decodes_without_one(
     assert {f["name"] for f in old["fields"]}.isdisjoint(ORIGIN_DEFAULTS)
     later = {
         **ORIGIN_DEFAULTS,
-        **(
-            {
-                **ORDERING_DEFAULTS,
-                **BATCH_DEFAULTS,
-                **ROTATION_DEFAULTS,
-                **SIGNING_DEFAULTS,
-                **MTLS_DEFAULTS,
-                **PROXY_DEFAULTS,
-                **OAUTH2_DEFAULTS,
-            }
-            if name == "Destination"
-            else {}
-        ),
+        **(LATER_DEFAULTS if name == "Destination" else {}),
     }
     record = {k: v for k, v in RECORDS[name].items() if k not in later}
     assert codec.decode(name, write_with(old, record)) == {**record, **later}
 
 
-def test_a_destination_written_with_the_shipped_v4_schema_decodes_unordered(codec: Codec) -> None:
-    """schemas/history/destination.v4.avsc predates ordering: such a destination reads as none."""
-    old = json.loads((schema_dir() / "history" / "destination.v4.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(ORDERING_DEFAULTS)
-    later = {
-        **ORDERING_DEFAULTS,
-        **BATCH_DEFAULTS,
-        **ROTATION_DEFAULTS,
-        **SIGNING_DEFAULTS,
-        **MTLS_DEFAULTS,
-        **PROXY_DEFAULTS,
-        **OAUTH2_DEFAULTS,
-    }
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v5_schema_decodes_unbatched(codec: Codec) -> None:
-    """schemas/history/destination.v5.avsc predates batch: such a destination sends one call a
-    request."""
-    old = json.loads((schema_dir() / "history" / "destination.v5.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(BATCH_DEFAULTS)
-    later = {
-        **BATCH_DEFAULTS,
-        **ROTATION_DEFAULTS,
-        **SIGNING_DEFAULTS,
-        **MTLS_DEFAULTS,
-        **PROXY_DEFAULTS,
-        **OAUTH2_DEFAULTS,
-    }
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v6_schema_decodes_unrotated(codec: Codec) -> None:
-    """schemas/history/destination.v6.avsc predates previousSecrets: no secret being rotated."""
-    old = json.loads((schema_dir() / "history" / "destination.v6.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(ROTATION_DEFAULTS)
-    later = {
-        **ROTATION_DEFAULTS,
-        **SIGNING_DEFAULTS,
-        **MTLS_DEFAULTS,
-        **PROXY_DEFAULTS,
-        **OAUTH2_DEFAULTS,
-    }
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v7_schema_decodes_unsigned(codec: Codec) -> None:
-    """schemas/history/destination.v7.avsc predates signing: HMAC only, as before."""
-    old = json.loads((schema_dir() / "history" / "destination.v7.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(SIGNING_DEFAULTS)
-    later = {**SIGNING_DEFAULTS, **MTLS_DEFAULTS, **PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v8_schema_decodes_without_tls(codec: Codec) -> None:
-    """schemas/history/destination.v8.avsc predates mtls: the system's trust store, no client
-    certificate."""
-    old = json.loads((schema_dir() / "history" / "destination.v8.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(MTLS_DEFAULTS)
-    later = {**MTLS_DEFAULTS, **PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v9_schema_decodes_without_a_proxy(
-    codec: Codec,
+@pytest.mark.parametrize(
+    ("shipped", "added"), ADDED_AFTER, ids=[shipped for shipped, _ in ADDED_AFTER]
+)
+def test_a_destination_written_with_a_shipped_schema_decodes_with_the_later_defaults(
+    codec: Codec, shipped: str, added: dict[str, Any]
 ) -> None:
-    """schemas/history/destination.v9.avsc predates proxy: PIPELINE_HTTP_PROXY, if any."""
-    old = json.loads((schema_dir() / "history" / "destination.v9.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(PROXY_DEFAULTS)
-    later = {**PROXY_DEFAULTS, **OAUTH2_DEFAULTS}
+    """schemas/history/destination.v4 to v10: each predates the fields added after it (v4
+    ordering: none; v5 batch: one call a request; v6 previousSecrets: none rotating; v7 signing:
+    HMAC only; v8 mtls: the system's trust store; v9 proxy: PIPELINE_HTTP_PROXY, if any; v10
+    oauth2: no bearer token)."""
+    old = json.loads((schema_dir() / "history" / f"{shipped}.avsc").read_text())
+    assert {f["name"] for f in old["fields"]}.isdisjoint(added)
+    later = added_since(shipped)
     record = {k: v for k, v in RECORDS["Destination"].items() if k not in later}
     decoded = codec.decode("Destination", write_with(old, record))
     assert decoded == {**record, **later}
-
-
-def test_a_destination_written_with_the_shipped_v10_schema_decodes_without_oauth2(
-    codec: Codec,
-) -> None:
-    """schemas/history/destination.v10.avsc predates oauth2: no bearer token."""
-    old = json.loads((schema_dir() / "history" / "destination.v10.avsc").read_text())
-    assert {f["name"] for f in old["fields"]}.isdisjoint(OAUTH2_DEFAULTS)
-    record = {k: v for k, v in RECORDS["Destination"].items() if k not in OAUTH2_DEFAULTS}
-    decoded = codec.decode("Destination", write_with(old, record))
-    assert decoded == {**record, **OAUTH2_DEFAULTS}
 
 
 @pytest.mark.parametrize("name", list(RECORDS))

@@ -18,15 +18,17 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.log_reading import decode_log_records
 from pipeline.roles.batches import aligned
 from pipeline.roles.deliver import DeliveryHandler
-from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, FakeSender, health_of
+from tests.unit.roles._fakes import FakeLoop, FakeProducer, FakeSender
 from tests.unit.roles.test_deliver_handler import (
     CODEC,
     E503,
     OK,
+    SCHEDULE,
     TOPICS,
     URL,
     delivery,
     encoded,
+    handler_for,
     taken,
 )
 
@@ -65,18 +67,8 @@ def handled(
     settings = settings or Settings()
 
     async def go() -> DeliveryHandler:
-        handler = DeliveryHandler(
-            "deliver",
-            [TOPICS.deliveries],
-            settings=settings,
-            topics=TOPICS,
-            follower=FakeFollower(config),
-            producer=producer,
-            sender=sender,
-            health=health_of(settings),
-            stop=asyncio.Event(),
-            codec=CODEC,
-            schedule=schedule or RetrySchedule(delays=(10.0, 60.0), deadline=1000.0, jitter=0.0),
+        handler = handler_for(
+            producer, sender, table=config, settings=settings, schedule=schedule or SCHEDULE
         )
         handler.assigned([(TOPICS.deliveries, 2)])
         await handler.handle(batch, loop)

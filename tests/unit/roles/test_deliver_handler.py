@@ -68,6 +68,7 @@ def handler_for(
     settings: Settings | None = None,
     codec: Any = CODEC,
     health: EndpointHealth | None = None,
+    schedule: RetrySchedule = SCHEDULE,
 ) -> DeliveryHandler:
     settings = settings or Settings()
     return DeliveryHandler(
@@ -81,7 +82,7 @@ def handler_for(
         health=health or health_of(settings),
         stop=asyncio.Event(),
         codec=codec,
-        schedule=SCHEDULE,
+        schedule=schedule,
     )
 
 
