@@ -74,6 +74,10 @@ COMMANDS = (
 )
 
 
+#: The commands that make spans when tracing is configured (``pipeline.runtime.tracing``).
+TRACED = frozenset({"dev", "ingest", "router", "deliver", "retry", "worker", "dlq", "replay"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = common_flags()
     parser = argparse.ArgumentParser(
@@ -108,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in loaded.notes:
             log.info("settings: %s", note)
         settings = _fit_to_cluster(args, loaded.settings)
+        if args.command in TRACED:
+            from pipeline.runtime import tracing
+
+            tracing.configure(args.command)
         code: int = args.run(args, settings)
         return code
     except SettingsError as exc:

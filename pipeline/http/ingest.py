@@ -67,9 +67,10 @@ from pipeline.kafka.clients import make_producer, topics_for
 from pipeline.kafka.cluster import reach
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.config_store import ConfigFollower
-from pipeline.kafka.producer import AsyncProducer, Outgoing
+from pipeline.kafka.errors import Produced
+from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable, make_codec
-from pipeline.runtime import metrics
+from pipeline.runtime import metrics, tracing
 from pipeline.runtime.gc_tuning import tune_for_throughput
 
 __all__ = [
@@ -270,7 +271,7 @@ class _IngestService:
         self._closing_producers.add(task)
         task.add_done_callback(self._closing_producers.discard)
 
-    async def produce(self, calls: list[Call], records: list[Outgoing]) -> None:
+    async def produce(self, calls: list[Call], records: list[Produced]) -> None:
         """Return once Kafka acknowledged every record; ``RequestRefused`` 503 otherwise."""
         producer = self.producer
         assert producer is not None
@@ -329,22 +330,46 @@ class _IngestService:
                     "alias, batch or import",
                 )
             )
+        span = None
+        if tracing.enabled():  # the request's span: a child of the sender's, or a new trace
+            span = tracing.start_span(
+                f"POST /v1/{kind}",
+                tracing.parent_context(request.headers),
+                tracing.SpanKind.SERVER,
+                {
+                    "http.request.method": "POST",
+                    "url.path": request.path,
+                    "http.route": request.path,
+                },
+            )
+            trace = tracing.headers_of(span)
+        else:  # passed on as the sender gave it, if it is one
+            trace = _passed_on(request.headers)
         try:
-            calls = await self._accept(request, kind)
+            calls = await self._accept(request, kind, trace)
         except RequestRefused as refused:
             if refused.calls:
                 self._rejected[refused.code].inc(refused.calls)
             if refused.code is not ErrorCode.KAFKA_UNAVAILABLE:
                 log.debug("refused %s: %s", request.path, refused.message)
+            if span is not None:
+                _ended(span, refused.status, refused.code.value)
             return self._answer(refused)
         per_type: dict[CallType, int] = {}
         for call in calls:  # one counter update per type, not per call
             per_type[call.type] = per_type.get(call.type, 0) + 1
         for call_type, count in per_type.items():
             self._ingested[call_type].inc(count)
+        if span is not None:
+            span.set_attribute("pipeline.calls", len(calls))
+            _ended(span, 200)
         return web.Response(body=_SUCCESS, content_type="application/json")
 
-    async def _accept(self, request: web.Request, kind: str) -> list[Call]:
+    async def _accept(
+        self, request: web.Request, kind: str, trace: tracing.TraceHeaders
+    ) -> list[Call]:
+        """The request's calls, written to Kafka; each record carries ``trace``, the request's
+        trace context (empty: none)."""
         source_id: str | None = None
         header = request.headers.get("Authorization")
         if header:
@@ -366,7 +391,7 @@ class _IngestService:
         # Parse and encode in slices, letting other requests run in between: a 500 KB batch of
         # tiny calls is ten thousand of them.
         calls: list[Call] = []
-        records: list[Outgoing] = []
+        records: list[Produced] = []
         topic, encode = self.topic, self.codec.encode
         try:
             for call in iter_request(
@@ -377,7 +402,10 @@ class _IngestService:
                 max_call_bytes=self.options.max_call_bytes,
             ):
                 calls.append(call)
-                records.append((topic, call.key, encode("Call", call_to_record(call))))
+                value = encode("Call", call_to_record(call))
+                records.append(
+                    (topic, call.key, value, trace) if trace else (topic, call.key, value)
+                )
                 if len(calls) % _SLICE == 0:
                     await asyncio.sleep(0)
         except SchemaRegistryUnavailable as exc:
@@ -414,6 +442,27 @@ class _IngestService:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _passed_on(headers: Mapping[str, str]) -> tracing.TraceHeaders:
+    """A request's trace context, to pass on as it is (tracing off): none if it is not valid."""
+    if tracing.parent_context(headers) is None:
+        return []
+    return [
+        (name, headers[name].encode())
+        for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
+        if name in headers
+    ]
+
+
+def _ended(span: tracing.Span, status: int, refused: str | None = None) -> None:
+    span.set_attribute("http.response.status_code", status)
+    if refused is not None:
+        span.set_attribute("pipeline.refused", refused)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(tracing.StatusCode.ERROR)
+    span.end()
 
 
 #: Server arguments the app needs. aiohttp would otherwise inflate gzip bodies itself, without a

@@ -31,6 +31,7 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,9 +48,11 @@ from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
 from pipeline.http.oauth2 import TokenError, Tokens
+from pipeline.http.request_tracing import traced_post
 from pipeline.http.slots import Slots
 from pipeline.runtime.awake_clock import AwakeClock
 from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
+from pipeline.runtime.tracing import TraceHeaders
 
 __all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
 
@@ -204,11 +207,15 @@ class WebhookSender:
         *,
         final: bool = False,
         turn: float | None = None,
+        trace: TraceHeaders = (),
+        resends: int = 0,
     ) -> list[UrlResult]:
         """POST ``body`` to every webhook of ``destination`` at once, at its turn under its
         pace (``turn``: taken already, monotonic seconds; ``None``: taken now).
 
         ``final``: the record's last attempt before its deadline; an open circuit does not stop it.
+        ``trace``: the call's trace context, ``resends``: its attempts so far
+        (``pipeline.http.request_tracing``).
         """
         if turn is None:
             wait = self.health.reserve(destination)
@@ -228,26 +235,31 @@ class WebhookSender:
                 detail = str(exc)[:_DETAIL_CHARS]
                 return [UrlResult(h.url, failure=Failure.AUTH_ERROR, detail=detail) for h in hooks]
             signed = {**signed, "Authorization": f"Bearer {token}"}
+
+        def post(url: str, headers: dict[str, str]) -> Awaitable[UrlResult]:
+            if not trace:
+                return self._guarded_post(url, headers, body, final, tls, proxy)
+            return traced_post(
+                lambda sent: self._guarded_post(url, sent, body, final, tls, proxy),
+                url,
+                headers,
+                trace,
+                resends,
+                {"pipeline.destination": destination.id, "pipeline.message_id": message_id},
+            )
+
         if len(hooks) == 1:  # the common case: no gather, no extra task
             hook = hooks[0]
-            headers = merged_headers(hook.headers, signed)
-            results = [await self._guarded_post(hook.url, headers, body, final, tls, proxy)]
+            results = [await post(hook.url, merged_headers(hook.headers, signed))]
         else:
             results = list(
                 await asyncio.gather(
-                    *(
-                        self._guarded_post(
-                            hook.url, merged_headers(hook.headers, signed), body, final, tls, proxy
-                        )
-                        for hook in hooks
-                    )
+                    *(post(hook.url, merged_headers(hook.headers, signed)) for hook in hooks)
                 )
             )
         if token is not None and any(result.status == 401 for result in results):
             assert oauth is not None
-            results = await self._with_a_new_token(
-                destination, oauth, token, results, body, signed, final, tls, proxy
-            )
+            results = await self._with_a_new_token(destination, oauth, token, results, signed, post)
         self.health.answered(destination, results)
         return results
 
@@ -257,11 +269,8 @@ class WebhookSender:
         oauth: OAuth2,
         token: str,
         results: list[UrlResult],
-        body: bytes,
         signed: dict[str, str],
-        final: bool,
-        tls: ssl.SSLContext | str | None,
-        proxy: str | None,
+        post: Callable[[str, dict[str, str]], Awaitable[UrlResult]],
     ) -> list[UrlResult]:
         """A receiver answered 401 to ``token``: one new token, and those requests once more
         (the others' results stand). A 401 to the new token stands (a 4xx: the credentials are
@@ -281,8 +290,7 @@ class WebhookSender:
         again = []
         for hook, result in zip(destination.webhooks, results, strict=True):
             if result.status == 401:
-                headers = merged_headers(hook.headers, signed)
-                result = await self._guarded_post(hook.url, headers, body, final, tls, proxy)
+                result = await post(hook.url, merged_headers(hook.headers, signed))
             again.append(result)
         return again
 

@@ -17,6 +17,7 @@ caller does, in one place for every producer of the pipeline and of the client l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError
@@ -35,11 +36,13 @@ __all__ = [
 
 #: (topic, key, value): one record to produce.
 Outgoing = tuple[str, bytes | None, bytes | None]
+#: Kafka headers to produce: (name, value) pairs.
+Headers = Sequence[tuple[str, str | bytes | None]]
 #: (topic, key, value, headers): one record to produce with Kafka headers.
-Headed = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]]]
+Headed = tuple[str, bytes | None, bytes | None, Headers]
 #: (topic, key, value, headers, partition): one record to produce to a partition of its own
 #: choosing (a state changelog's partition is its input partition's, whatever its key).
-Placed = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]], int]
+Placed = tuple[str, bytes | None, bytes | None, Headers, int]
 #: Any record the pipeline produces.
 Produced = Outgoing | Headed | Placed
 

@@ -75,17 +75,18 @@ from pipeline.roles.delivery_outcomes import (
     DestinationWatch,
     MetricsByDestination,
 )
+from pipeline.roles.delivery_tracing import waited
 from pipeline.roles.hand_offs import HandOffs
 from pipeline.roles.holds import Holds
 from pipeline.roles.ordering import Lanes
 from pipeline.roles.parking import (
     Parking,
     ParkingBatch,
-    Schedule,
     schedule_of,
     unpacked,
 )
 from pipeline.runtime import metrics
+from pipeline.runtime.tracing import trace_headers
 
 __all__ = ["DeliveryHandler", "Sender", "HOLD_SECONDS"]
 log = logging.getLogger("pipeline.deliver")
@@ -255,15 +256,21 @@ class DeliveryHandler:
                 # paused, and is then parked again whole if it must be.
                 return Defer(due)
             if due <= now:
+                if not schedule.parts:
+                    waited(message, schedule.tier, schedule.destination, now)
                 destination = self._follower.table.destinations.get(schedule.destination)
-                parked = self._parked_again(consumed, schedule, destination, parking)
-                if parked is not None:
-                    return parked
+                window = schedule.window
+                admitted = parking.admit(destination, window, undecoded=True)
+                if isinstance(admitted, Park):  # parked again as it is (a batch: whole)
+                    assert destination is not None
+                    out = parking.park_message(destination, admitted, consumed, schedule.parts)
+                    return HandOff(out, waits=True)
             if schedule.parts:
                 headers = message.headers() or []  # a list on consumed records
                 assert isinstance(headers, list)
                 try:
-                    return Split(consumed.split(unpacked(message.value(), headers)))
+                    parts = unpacked(message.value(), headers, message.timestamp())
+                    return Split(consumed.split(parts))
                 except ValueError as exc:
                     return self._hand_offs.undecodable(consumed, str(exc))
         elif key[0] == self._topics.deliveries:  # a fresh record: parked undecoded, if it must
@@ -275,8 +282,7 @@ class DeliveryHandler:
             admission = parking.admit(destination, FRESH, undecoded=True)
             if isinstance(admission, Park):
                 assert destination is not None
-                value = message.value()
-                out = parking.park(destination, admission, key, message.key(), value)
+                out = parking.park_message(destination, admission, consumed)
                 return HandOff(out, waits=True)
         try:
             record = delivery_from_record(self._codec.decode("Delivery", message.value()))
@@ -291,25 +297,6 @@ class DeliveryHandler:
             # Resume a little early, so the head is then held here and attempted on time.
             return Defer(due - HOLD_SECONDS)
         return self._admitted(consumed, record, now, parking)
-
-    def _parked_again(
-        self,
-        consumed: ConsumedRecord,
-        schedule: Schedule,
-        destination: Destination | None,
-        parking: ParkingBatch,
-    ) -> HandOff | None:
-        """A parked record (or batch) come due, parked again as it is if its destination still
-        cannot take it."""
-        admission = parking.admit(destination, schedule.window, undecoded=True)
-        if not isinstance(admission, Park):
-            return None
-        assert destination is not None
-        message = consumed.message
-        out = parking.park(
-            destination, admission, consumed.key, message.key(), message.value(), schedule.parts
-        )
-        return HandOff(out, waits=True)
 
     def _admitted(
         self, consumed: ConsumedRecord, record: Delivery, now: float, parking: ParkingBatch
@@ -333,10 +320,7 @@ class DeliveryHandler:
                 return Start(stamped, destination, admission.final, turn)
             if isinstance(admission, Park):
                 assert destination is not None
-                message = consumed.message
-                value = message.value()
-                out = parking.park(destination, admission, consumed.key, message.key(), value)
-                return HandOff(out, waits=True)
+                return HandOff(parking.park_message(destination, admission, consumed), waits=True)
             if isinstance(admission, Reject):
                 conclusion = Conclusion(
                     Outcome.DEAD_LETTER, record, admission.reason, admission.detail
@@ -371,6 +355,8 @@ class DeliveryHandler:
                 while index < len(held) and held[index][0] <= now:
                     _, consumed, record = held[index]
                     index += 1
+                    if consumed.key[0] != self._topics.deliveries:  # it waited in a tier
+                        waited(consumed.message, record.tier, record.destination_id, now)
                     decision = self._admitted(consumed, record, now, parking)
                     if isinstance(decision, Start):
                         self._start(consumed, decision, loop, now)
@@ -425,8 +411,15 @@ class DeliveryHandler:
         """Make the request and conclude from its results (``None``: the worker stops)."""
         record, destination = start.record, start.destination
         try:
+            trace, resends = trace_headers(consumed.message.headers()), len(record.attempts)
             results = await self._sender.attempt(
-                destination, record.body, record.message_id, final=start.final, turn=start.turn
+                destination,
+                record.body,
+                record.message_id,
+                final=start.final,
+                turn=start.turn,
+                trace=trace,
+                resends=resends,
             )
             finished = time.time()
             conclusion = self.conclusion(consumed, start, results, now, finished)

@@ -12,6 +12,7 @@ from pipeline.core.records import Delivery
 from pipeline.kafka.consumer_loop import ConsumedRecord
 from pipeline.kafka.errors import Produced
 from pipeline.kafka.log_batches import LogRecordValue
+from pipeline.runtime.tracing import TraceHeaders
 
 __all__ = [
     "Logged",
@@ -50,6 +51,8 @@ class Sender(Protocol):
         *,
         final: bool = False,
         turn: float | None = None,
+        trace: TraceHeaders = (),
+        resends: int = 0,
     ) -> list[UrlResult]: ...
 
 

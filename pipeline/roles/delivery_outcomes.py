@@ -30,10 +30,11 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
 from pipeline.kafka.config_store import destination_record
 from pipeline.kafka.consumer_loop import ConsumedRecord
-from pipeline.kafka.errors import Outgoing
+from pipeline.kafka.errors import Headed, Outgoing
 from pipeline.kafka.events import EventEmitter, EventKind
 from pipeline.kafka.producer import Producing
 from pipeline.runtime import metrics
+from pipeline.runtime.tracing import TraceHeaders
 
 #: How often the deliver role looks for ended rotation windows (seconds).
 SECRETS_SWEEP = 30.0
@@ -120,7 +121,8 @@ class DeadLetters:
         self._events = events
         self._counts: dict[str, int] = {}
 
-    def record(self, letter: DeadLetter) -> Outgoing:
+    def record(self, letter: DeadLetter, trace: TraceHeaders = ()) -> Outgoing | Headed:
+        """The record of ``letter``, with its call's trace context ``trace``."""
         destination = letter.delivery.destination_id if letter.delivery is not None else None
         if destination is None:
             label = metrics.UNKNOWN_DESTINATION
@@ -129,7 +131,8 @@ class DeadLetters:
             self._counted(destination)
         metrics.DEAD_LETTERS.labels(label, letter.reason).inc()
         value = self._codec.encode("DeadLetter", dead_letter_to_record(letter))
-        return (self._topic, destination.encode() if destination else None, value)
+        key = destination.encode() if destination else None
+        return (self._topic, key, value, trace) if trace else (self._topic, key, value)
 
     def _counted(self, destination: str) -> None:
         count = self._counts[destination] = self._counts.get(destination, 0) + 1

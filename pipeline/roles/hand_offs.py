@@ -19,14 +19,18 @@ from pipeline.kafka.errors import Headed, Produced
 from pipeline.kafka.log_batches import Delivered
 from pipeline.roles.delivery_decisions import HandOff, LiveConfig, Logged
 from pipeline.roles.delivery_outcomes import DeadLetters, MetricsByDestination, dead_letter_of
+from pipeline.roles.delivery_tracing import RETRY_WAIT, wait_header
 from pipeline.roles.holds import release_record
 from pipeline.roles.parking import schedule_header
 from pipeline.runtime import metrics
+from pipeline.runtime.tracing import trace_headers
 
 __all__ = ["HandOffs", "PASSED"]
 
 log = logging.getLogger("pipeline.deliver")
 
+#: The header saying a record in a retry tier waits to be tried again.
+RETRY_HEADER = wait_header(RETRY_WAIT)
 #: What the dead letter of a call that held its user back (an ordered destination's) says.
 PASSED = "its user's later calls to this ordered destination go on past it"
 
@@ -55,7 +59,8 @@ class HandOffs:
 
     def undecodable(self, consumed: ConsumedRecord, detail: str) -> HandOff:
         letter = dead_letter_of(DeadLetterReason.UNDECODABLE, consumed, detail=detail)
-        return HandOff([self._dead_letters.record(letter)])
+        trace = trace_headers(consumed.message.headers())
+        return HandOff([self._dead_letters.record(letter, trace)])
 
     def suppressed(self, consumed: ConsumedRecord, record: Delivery, now: float) -> HandOff:
         """A record a deletion request suppresses: nothing to produce but its log record (and
@@ -114,7 +119,8 @@ class HandOffs:
                 record.destination_id,
             )
             topic = self._topics.retry[record.tier]
-            retried: Headed = (topic, consumed.message.key(), value, [header])
+            headers = [header, RETRY_HEADER, *trace_headers(consumed.message.headers())]
+            retried: Headed = (topic, consumed.message.key(), value, headers)
             return [retried], logged
         assert conclusion.reason is not None
         released = self.release(consumed, before, "dead_lettered")
@@ -122,7 +128,8 @@ class HandOffs:
         if released:
             detail += PASSED if not detail else f" ({PASSED})"
         letter = dead_letter_of(conclusion.reason, consumed, delivery=record, detail=detail)
-        return [self._dead_letters.record(letter), *released], logged
+        trace = trace_headers(consumed.message.headers())
+        return [self._dead_letters.record(letter, trace), *released], logged
 
     def release(self, consumed: ConsumedRecord, record: Delivery, outcome: str) -> list[Produced]:
         """The release of ``record``'s user, if ``record`` held it back: it waited in a retry
@@ -146,6 +153,6 @@ class HandOffs:
             detail=f"{type(exc).__name__}: {exc}",
         )
         return [
-            self._dead_letters.record(letter),
+            self._dead_letters.record(letter, trace_headers(consumed.message.headers())),
             *self.release(consumed, record, "dead_lettered"),
         ]

@@ -13,25 +13,13 @@ that is what makes parking cheap). Retries write the header as parking does. A r
 the header (on ``deliveries``, never attempted; or written by an older version) is scheduled by
 its value.
 
-**Parked together, carried as one.** Records parked by one plan from one partition of one batch
-(a hanging destination's share of it) travel as one Kafka record carrying them all, up to
-``MAX_BYTES``, its ``PARTS_HEADER`` saying how many: one produce, one broker copy and one consume
-instead of one each. Its value is each part's key and value, one after the other:
-
-    key length (4 bytes, big-endian; -1: no key), value length (4 bytes), key, value
-
-so batches join by concatenation, and a part is read back without decoding anything.
-
-    >>> items = [(b"hooks/u1", b"first", 0), (None, b"second", 0)]
-    >>> [(m.key(), m.value()) for m in unpacked(packed(items), [])]
-    [(b'hooks/u1', b'first'), (None, b'second')]
+**Parked together, carried as one**: ``pipeline.roles.parked_batches``.
 """
 
 from __future__ import annotations
 
-import struct
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pipeline.core.admission import (
@@ -51,10 +39,28 @@ from pipeline.core.records import Delivery
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.topics import Topics
 from pipeline.kafka.errors import Headed, Placed, Produced
+from pipeline.roles.delivery_tracing import wait_header
+from pipeline.roles.parked_batches import (
+    MAX_BYTES,
+    NO_TRACE,
+    PARTS_HEADER,
+    PARTS_TRACE_HEADER,
+    Headers,
+    PartMessage,
+    entry_size,
+    packed,
+    parts_trace,
+    split_first,
+    trace_of,
+    unpacked,
+)
+from pipeline.runtime.tracing import TRACEPARENT, TraceHeaders
 
 __all__ = [
     "SCHEDULE_HEADER",
     "PARTS_HEADER",
+    "PARTS_TRACE_HEADER",
+    "trace_of",
     "MAX_BYTES",
     "AT_ROUTING",
     "Schedule",
@@ -76,11 +82,8 @@ __all__ = [
 SCHEDULE_HEADER = "pipeline-schedule"
 #: Its name before it was written on retries too (still read).
 _PARK_HEADER = "pipeline-park"
-#: The header of a parked record that carries several: how many (ASCII digits).
-PARTS_HEADER = "pipeline-parked-parts"
-#: A parked batch carries at most this many bytes of records (Kafka refuses records over 1 MB by
-#: default, ``message.max.bytes``): past it, the next records start another batch.
-MAX_BYTES = 256 * 1024
+
+
 #: Why the router parks a fresh record itself: its destination's endpoints are down or hang, or
 #: its receiver asked for a pause. A destination at its in-flight limit or over its rate is
 #: decided on arrival, where the records ahead of it have been counted (the router runs ahead of
@@ -89,7 +92,6 @@ AT_ROUTING = frozenset(
     {ParkReason.CIRCUIT_OPEN, ParkReason.SILENT, ParkReason.UNANSWERED, ParkReason.BACK_OFF}
 )
 
-Headers = list[tuple[str, str | bytes | None]]
 #: A parked-record counter (``pipeline_parked_total`` of one destination and reason).
 Counter = Any
 
@@ -163,96 +165,6 @@ def schedule_of(message: Any) -> Schedule | None:
     return found
 
 
-# ---- parked batches ------------------------------------------------------------------------------
-
-_LENGTHS = struct.Struct(">ii")
-
-
-class PartMessage:
-    """One record of a parked batch, answering what the handler asks of a consumed message."""
-
-    __slots__ = ("_key", "_value", "_headers")
-
-    def __init__(self, key: bytes | None, value: bytes, headers: Headers) -> None:
-        self._key = key
-        self._value = value
-        self._headers = headers
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> Headers:
-        return self._headers
-
-
-def entry_size(key: bytes | None, value: bytes | None) -> int:
-    """The bytes a record takes in a batch."""
-    return _LENGTHS.size + len(key or b"") + len(value or b"")
-
-
-def packed(items: Iterable[tuple[bytes | None, bytes | None, int]]) -> bytes:
-    """The value of a batch of ``items``: (key, value, parts), where ``parts`` 0 says the value
-    is a record's, and more that it is a batch's of that many records (joined as it is)."""
-    pieces: list[bytes] = []
-    for key, value, parts in items:
-        if parts:
-            pieces.append(value or b"")
-            continue
-        pieces += (
-            _LENGTHS.pack(-1 if key is None else len(key), len(value or b"")),
-            key or b"",
-            value or b"",
-        )
-    return b"".join(pieces)
-
-
-def unpacked(value: bytes | None, headers: Sequence[tuple[str, Any]]) -> list[PartMessage]:
-    """The records a batch's ``value`` carries, each with the batch's ``headers`` but the parts
-    count. Raises ``ValueError`` when the value is not a batch's (cut short, or lengths that do
-    not add up)."""
-    data = value or b""
-    kept = [header for header in headers if header[0] != PARTS_HEADER]
-    parts: list[PartMessage] = []
-    at = 0
-    while at < len(data):
-        key, part, at = _entry(data, at)
-        parts.append(PartMessage(key, part, kept))
-    if not parts:
-        raise ValueError("an empty batch")
-    return parts
-
-
-def split_first(value: bytes | None) -> tuple[bytes | None, bytes, bytes]:
-    """A batch's first record (key, value) and the rest of the batch, its bytes as they are (a
-    batch of the others). Raises ``ValueError`` when the value does not start with a whole
-    record.
-
-    >>> split_first(packed([(b"k1", b"first", 0), (None, b"second", 0)]))[:2]
-    (b'k1', b'first')
-    """
-    data = value or b""
-    key, first, end = _entry(data, 0)
-    return key, first, data[end:]
-
-
-def _entry(data: bytes, at: int) -> tuple[bytes | None, bytes, int]:
-    """The record (key, value) written at byte ``at`` of a batch's value ``data``, and where the
-    next one starts. Raises ``ValueError`` when it is not all there."""
-    try:
-        key_length, value_length = _LENGTHS.unpack_from(data, at)
-    except struct.error as exc:
-        raise ValueError(f"a batch cut short at byte {at} of {len(data)}: {exc}") from None
-    start = at + _LENGTHS.size
-    stop = start + max(key_length, 0)
-    end = stop + value_length
-    if value_length < 0 or end > len(data):
-        raise ValueError(f"a part of {value_length} bytes past the batch's end")
-    return (None if key_length < 0 else data[start:stop]), data[stop:end], end
-
-
 # ---- plans ---------------------------------------------------------------------------------------
 
 
@@ -268,20 +180,35 @@ class ParkPlan(NamedTuple):
     partition: int | None = None
 
     def parked_record(
-        self, key: bytes | None, value: bytes | None, parts: int = 0
+        self, key: bytes | None, value: bytes | None, parts: int = 0, trace: TraceHeaders = ()
     ) -> Headed | Placed:
-        """The record (``key``, ``value``; a batch of ``parts`` records, if any) parked by this
-        plan, counted: the same bytes, the plan in a header."""
+        """The record (``key``, ``value``; a batch of ``parts`` records, if any; ``trace``: its
+        trace context, ``trace_of``) parked by this plan, counted: the same bytes, the plan in
+        a header."""
         self.counter.inc(parts or 1)
-        return self._record(key, value, self._headers_of(parts) if parts else self.headers)
+        headers = self._headers_of(parts) if parts else self.headers
+        return self._record(key, value, [*headers, *trace] if trace else headers)
 
-    def batch(self, items: Sequence[tuple[bytes | None, bytes | None, int]]) -> Headed | Placed:
-        """One record carrying ``items`` (key, value, parts: 0 for a record alone), counted."""
+    def batch(
+        self, items: Sequence[tuple[bytes | None, bytes | None, int]], traces: Sequence[bytes]
+    ) -> Headed | Placed:
+        """One record carrying ``items`` (key, value, parts: 0 for a record alone) with their
+        entries in the parts' list of traceparents (``traces``), counted."""
         if len(items) == 1:
-            return self.parked_record(*items[0])
+            key, value, parts = items[0]
+            listed = traces[0]
+            if parts:
+                trace = [(PARTS_TRACE_HEADER, listed)]
+            else:
+                trace = [] if listed == NO_TRACE else [(TRACEPARENT, listed)]
+            return self.parked_record(key, value, parts, trace)
         parts = sum(count or 1 for _, _, count in items)
         self.counter.inc(parts)
-        return self._record(items[0][0], packed(items), self._headers_of(parts))
+        headers = self._headers_of(parts)
+        listed = b" ".join(traces)
+        if listed.strip(b"- "):  # a part has a traceparent
+            headers.append((PARTS_TRACE_HEADER, listed))
+        return self._record(items[0][0], packed(items), headers)
 
     def _record(self, key: bytes | None, value: bytes | None, headers: Headers) -> Headed | Placed:
         if self.partition is None:
@@ -385,7 +312,8 @@ class Parking:
             if place is not None:
                 topic, partition = place
                 counter = _Waiting(counter, self.health.pace, destination)
-        return ParkPlan(topic, [header], counter, park.carries_probe, partition)
+        waits = wait_header(park.reason)
+        return ParkPlan(topic, [header, waits], counter, park.carries_probe, partition)
 
     def batch(self, now: float) -> ParkingBatch:
         return ParkingBatch(self, now)
@@ -403,12 +331,13 @@ class _ParkedGroup:
     """Records parked by one plan from one partition (``size``: their bytes in a batch);
     ``out`` gets the record carrying them."""
 
-    __slots__ = ("plan", "out", "items", "size")
+    __slots__ = ("plan", "out", "items", "traces", "size")
 
     def __init__(self, plan: ParkPlan) -> None:
         self.plan = plan
         self.out: list[Produced] = []
         self.items: list[tuple[bytes | None, bytes | None, int]] = []
+        self.traces: list[bytes] = []  # each item's entries in the parts' traceparents
         self.size = 0
 
 
@@ -462,17 +391,19 @@ class ParkingBatch:
         key: bytes | None,
         value: bytes | None,
         parts: int = 0,
+        trace: TraceHeaders = (),
     ) -> list[Produced]:
-        """Park (``key``, ``value``: a batch of ``parts``, if any) from ``source`` (its partition)
-        as ``park`` says; what its hand-off produces (a list ``close`` fills in for the first
-        record of a group). A batch that comes back to carry the probe is split: its first record
-        carries it, alone, and the others go on together, back once the probe has answered, as
-        the other records of the reopening do."""
+        """Park (``key``, ``value``: a batch of ``parts``, if any; ``trace``: its trace context,
+        ``trace_of``) from ``source`` (its partition) as ``park`` says; what its hand-off
+        produces (a list ``close`` fills in for the first record of a group). A batch that comes
+        back to carry the probe is split: its first record carries it, alone, and the others go
+        on together, back once the probe has answered, as the other records of the reopening
+        do."""
         if park.carries_probe:
             plan = self._parking.plan(destination.id, park)
             if parts > 1:
-                return self._carried_by_first(plan, destination, park, key, value, parts)
-            return [plan.parked_record(key, value, parts)]
+                return self._carried_by_first(plan, destination, park, key, value, parts, trace)
+            return [plan.parked_record(key, value, parts, trace)]
         known = self._plans.get(id(park))
         if known is None:
             known = self._plans[id(park)] = (park, self._parking.plan(destination.id, park))
@@ -486,8 +417,17 @@ class ParkingBatch:
         else:
             out = []
         group.items.append((key, value, parts))
+        group.traces.append(parts_trace(trace, parts))
         group.size += size
         return out
+
+    def park_message(
+        self, destination: Destination, park: Park, consumed: Any, parts: int = 0
+    ) -> list[Produced]:
+        """``park`` a consumed record (``ConsumedRecord``; a batch of ``parts``) as it is."""
+        message = consumed.message
+        key, value = message.key(), message.value()
+        return self.park(destination, park, consumed.key, key, value, parts, trace_of(message))
 
     def _carried_by_first(
         self,
@@ -497,27 +437,34 @@ class ParkingBatch:
         key: bytes | None,
         value: bytes | None,
         parts: int,
+        trace: TraceHeaders,
     ) -> list[Produced]:
         try:
             first_key, first_value, rest = split_first(value)
             next_key, next_value, after = split_first(rest)
         except ValueError:  # it will not read back: parked as it is, dead-lettered when due
-            return [plan.parked_record(key, value, parts)]
+            return [plan.parked_record(key, value, parts, trace)]
         window = Window(park.first_attempt_at, park.deadline)
         others = self._parking.admit(destination, window, self._now)
         if not isinstance(others, Park) or others.carries_probe:
-            return [plan.parked_record(key, value, parts)]
+            return [plan.parked_record(key, value, parts, trace)]
         rest_plan = self._parking.plan(destination.id, others)
-        return [
-            plan.parked_record(first_key, first_value),
-            rest_plan.parked_record(next_key, rest, parts - 1)
-            if after
-            else rest_plan.parked_record(next_key, next_value),
-        ]
+        listed = parts_trace(trace, parts).split(b" ")
+        if len(listed) != parts:
+            listed = [NO_TRACE] * parts
+        first_trace = [] if listed[0] == NO_TRACE else [(TRACEPARENT, listed[0])]
+        if after:
+            others_listed = b" ".join(listed[1:])
+            rest_trace = [(PARTS_TRACE_HEADER, others_listed)] if others_listed.strip(b"- ") else []
+            rest_record = rest_plan.parked_record(next_key, rest, parts - 1, rest_trace)
+        else:
+            next_trace = [] if listed[1] == NO_TRACE else [(TRACEPARENT, listed[1])]
+            rest_record = rest_plan.parked_record(next_key, next_value, 0, next_trace)
+        return [plan.parked_record(first_key, first_value, 0, first_trace), rest_record]
 
     def close(self) -> list[Headed | Placed]:
         """Each group's record, into its first record's hand-off; returned too."""
-        made = [group.plan.batch(group.items) for group in self._all]
+        made = [group.plan.batch(group.items, group.traces) for group in self._all]
         for group, record in zip(self._all, made, strict=True):
             group.out.append(record)
         self._all.clear()
@@ -546,7 +493,9 @@ class RoutingParker:
         self._alone: list[Headed | Placed] = []  # the probe's carriers
         self.parked = 0
 
-    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
+    def __call__(
+        self, key: bytes | None, value: bytes, destination: str, trace: TraceHeaders = ()
+    ) -> bool:
         park = self._answers.get(destination, _UNASKED)
         found = self._destinations.get(destination)
         if found is not None and found.ordered:
@@ -561,9 +510,9 @@ class RoutingParker:
             return False
         if park.carries_probe:
             plan = self._batch._parking.plan(destination, park)
-            self._alone.append(plan.parked_record(key, value))
-        else:
-            self._batch.park(found, park, None, key, value)  # its record comes from ``close``
+            self._alone.append(plan.parked_record(key, value, 0, trace))
+        else:  # its record comes from ``close``
+            self._batch.park(found, park, None, key, value, 0, trace)
         self.parked += 1
         return True
 

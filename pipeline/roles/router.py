@@ -46,7 +46,8 @@ from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, PartitionTransactions, TransactionFailed
 from pipeline.roles.dedupe import Dedupe
 from pipeline.roles.delivery_outcomes import dead_letter_of
-from pipeline.runtime import metrics
+from pipeline.runtime import metrics, tracing
+from pipeline.runtime.tracing import TraceHeaders
 
 __all__ = ["RouterHandler"]
 
@@ -56,13 +57,16 @@ TP = tuple[str, int]
 
 
 class BatchParker(Protocol):
-    """Asked of each delivery record of one batch (key, value, destination id): is it parked?
+    """Asked of each delivery record of one batch (key, value, destination id, trace context):
+    is it parked?
     The records it parked (in retry tiers, with their park header; several carried by one) are
     ``records()``, asked once the batch is routed; ``parked`` counts them."""
 
     parked: int
 
-    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool: ...
+    def __call__(
+        self, key: bytes | None, value: bytes, destination: str, trace: TraceHeaders
+    ) -> bool: ...
 
     def records(self) -> list[Headed | Placed]: ...
 
@@ -366,13 +370,19 @@ class RouterHandler:
                 logged.append(self._log_record(taken, decision, first_seen, index))
             if decision.dropped is not None:
                 dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
+                _routed_trace(taken, decision)
                 continue
             first = decision.delivery
             names = [name for _, name in decision.keys]
             values = codec.delivery_values(first, names) if first is not None else []
+            trace = _routed_trace(taken, decision)
             for (key, name), value in zip(decision.keys, values, strict=True):
-                if parking is None or not parking(key, value, name):
-                    out.append((deliveries_topic, key, value))
+                if parking is None or not parking(key, value, name, trace):
+                    out.append(
+                        (deliveries_topic, key, value, trace)
+                        if trace
+                        else (deliveries_topic, key, value)
+                    )
                     delivered += 1
         for call_type, count in routed.items():
             self._routed[call_type].inc(count)
@@ -441,6 +451,34 @@ class RouterHandler:
         if self._dedupe is not None:
             self._dedupe.state.close()
         await asyncio.to_thread(self._threads.shutdown, True)
+
+
+def _routed_trace(taken: ConsumedRecord, decision: Routed) -> TraceHeaders:
+    """The trace context of the delivery records ``decision`` makes: its routing span's, when it
+    makes one (ended at once), else the call's as it came (empty: none)."""
+    trace = tracing.trace_headers(taken.message.headers())
+    if not trace or not tracing.recording(trace):
+        return trace
+    call = decision.call
+    assert call is not None
+    span = tracing.start_span(
+        f"route {call.type.value}",
+        tracing.parent_context(trace),
+        attributes={
+            "pipeline.call.type": call.type.value,
+            "pipeline.message_id": call.message_id,
+            "pipeline.source": call.source_id,
+            "pipeline.destinations": [name for _, name in decision.keys],
+        },
+    )
+    if decision.dropped is not None:
+        span.set_attribute("pipeline.drop_reason", decision.dropped.value)
+    for name, reason in decision.excluded:
+        span.add_event(
+            "destination left out", {"pipeline.destination": name, "reason": reason.value}
+        )
+    span.end()
+    return tracing.headers_of(span)
 
 
 def _resend_detail(first_received: int | None) -> str:

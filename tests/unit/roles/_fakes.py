@@ -35,6 +35,9 @@ class FakeMessage:
     def headers(self) -> list[tuple[str, bytes]] | None:
         return self._headers
 
+    def timestamp(self) -> tuple[int, int]:
+        return (0, -1)
+
     def topic(self) -> str:
         return self._where[0]
 
@@ -124,6 +127,8 @@ class FakeSender:
     answer: Callable[[Destination], list[UrlResult]]
     attempts: list[tuple[str, bytes, str, bool, float]] = field(default_factory=list)
     delay: float = 0.0
+    #: Each attempt's trace context.
+    traces: list[list[tuple[str, bytes]]] = field(default_factory=list)
 
     async def attempt(
         self,
@@ -133,7 +138,10 @@ class FakeSender:
         *,
         final: bool = False,
         turn: float | None = None,
+        trace: Sequence[tuple[str, bytes]] = (),
+        resends: int = 0,
     ) -> list[UrlResult]:
+        self.traces.append(list(trace))
         if turn is not None and turn > time.monotonic():  # its turn under the pace, as sent
             await asyncio.sleep(turn - time.monotonic())
         self.attempts.append((destination.id, body, message_id, final, time.time()))

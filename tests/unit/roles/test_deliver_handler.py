@@ -20,6 +20,7 @@ from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_reading import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
+from pipeline.roles.delivery_tracing import WAIT_HEADER
 from pipeline.roles.parking import MAX_BYTES, PARTS_HEADER, SCHEDULE_HEADER, packed, unpacked
 from pipeline.runtime import metrics
 from tests.unit.roles._fakes import (
@@ -364,7 +365,7 @@ def park_header(taken_record: Any) -> tuple[str, ...] | None:
     if not headers:
         return None
     found = dict(headers[0])
-    assert set(found) <= {SCHEDULE_HEADER, PARTS_HEADER}
+    assert set(found) <= {SCHEDULE_HEADER, PARTS_HEADER, WAIT_HEADER}
     return tuple(found[SCHEDULE_HEADER].decode().split(" "))
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pipeline.core.admission import Window
 from pipeline.roles.parking import (
     PARTS_HEADER,
+    PARTS_TRACE_HEADER,
     PartMessage,
     Schedule,
     entry_size,
@@ -68,3 +69,17 @@ def test_a_schedule_reads_back_with_its_window_started_or_not() -> None:
     assert unstarted.header() == schedule_header(0, 5, None, None, "hooks")
     started = schedule_of(PartMessage(b"k", b"v", [schedule_header(1, 5, 3, 9, "hooks")]))
     assert started == Schedule(1, 5, 3, 9, "hooks") and started.window == Window(3, 9)
+
+
+def test_each_part_of_a_parked_batch_keeps_its_own_trace_context() -> None:
+    traced = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    value = packed([(b"k1", b"one", 0), (b"k2", b"two", 0), (b"k3", b"three", 0)])
+    headers = [*HEADERS, (PARTS_TRACE_HEADER, b"- " + traced + b" -")]
+    first, second, third = unpacked(value, headers, (1, 1234))
+    assert dict(second.headers())["traceparent"] == traced
+    assert "traceparent" not in dict(first.headers()) and "traceparent" not in dict(third.headers())
+    assert PARTS_TRACE_HEADER not in dict(second.headers())
+    assert second.timestamp() == (1, 1234)
+    # A list that does not match the parts is not ours: the parts go on without traces.
+    parts = unpacked(value, [*HEADERS, (PARTS_TRACE_HEADER, traced)])
+    assert all("traceparent" not in dict(p.headers()) for p in parts)

@@ -313,7 +313,7 @@ class ParksB:
         self.parked = 0
         self.kept: list[Any] = []
 
-    def __call__(self, key: bytes | None, value: bytes, destination: str) -> bool:
+    def __call__(self, key: bytes | None, value: bytes, destination: str, trace: Any = ()) -> bool:
         if destination != "hooks-b":
             return False
         self.parked += 1

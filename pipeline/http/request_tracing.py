@@ -1,0 +1,79 @@
+"""A webhook request's trace context and span (``pipeline.runtime.tracing``).
+
+The request carries its call's context in ``traceparent`` (and ``tracestate``): when the span is
+recorded here, the attempt's own HTTP client span (semantic conventions: ``http.request.method``,
+``url.full`` without its query, ``server.address``, ``server.port``,
+``http.response.status_code``, ``error.type``, ``http.request.resend_count``); else the context
+as it came (tracing off, or a call whose trace is not sampled). A span never holds a header
+value, the body or the query string (where secrets travel)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+from pipeline.core.outcomes import UrlResult
+from pipeline.runtime import tracing
+
+__all__ = ["traced_post"]
+
+Post = Callable[[dict[str, str]], Awaitable[UrlResult]]
+
+
+@lru_cache(maxsize=1024)
+def _url_attributes(url: str) -> dict[str, str | int]:
+    """The span attributes of ``url``: no query, fragment or credentials."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname or ""
+    except ValueError:
+        return {"url.full": "(invalid)"}
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return {
+        "url.full": f"{parts.scheme}://{netloc}{parts.path or '/'}",
+        "server.address": host,
+        "server.port": port,
+    }
+
+
+async def traced_post(
+    post: Post,
+    url: str,
+    headers: dict[str, str],
+    trace: tracing.TraceHeaders,
+    resends: int,
+    attributes: dict[str, str],
+) -> UrlResult:
+    """``post(headers)`` with the trace context ``trace`` (``attributes``: the span's own, for a
+    recorded one)."""
+    if not trace:
+        return await post(headers)
+    if not tracing.recording(trace):
+        return await post({**headers, **{name: value.decode() for name, value in trace}})
+    span = tracing.start_span(
+        "POST",
+        tracing.parent_context(trace),
+        tracing.SpanKind.CLIENT,
+        {"http.request.method": "POST", **_url_attributes(url), **attributes},
+    )
+    if resends:
+        span.set_attribute("http.request.resend_count", resends)
+    sent = {name: value.decode() for name, value in tracing.headers_of(span)}
+    try:
+        result = await post({**headers, **sent})
+    except BaseException as exc:
+        span.set_attribute("error.type", type(exc).__qualname__)
+        span.set_status(tracing.StatusCode.ERROR)
+        span.end()
+        raise
+    if result.status is not None:
+        span.set_attribute("http.response.status_code", result.status)
+    if not result.ok:
+        failure = result.failure
+        error = str(result.status) if result.status is not None else str(failure)
+        span.set_attribute("error.type", error)
+        span.set_status(tracing.StatusCode.ERROR)
+    span.end()
+    return result

@@ -1,0 +1,51 @@
+"""The delivery wing's spans (``pipeline.runtime.tracing``): the wait a record had in a retry
+tier, from when it was written there to when it is taken up again (a retry's wait, or a park's,
+named by its reason in ``WAIT_HEADER``). The attempts' spans are the sender's
+(``pipeline.http.request_tracing``).
+
+A record's trace context stays as the router made it (its routing span's) through every tier:
+the waits and the attempts of a call are all children of its routing span, in the order they
+happened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.runtime import tracing
+
+__all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited"]
+
+#: The header of a record in a retry tier saying why it waits there: ``retry``, or the reason it
+#: was parked (``pipeline.core.admission.ParkReason``).
+WAIT_HEADER = "pipeline-wait"
+RETRY_WAIT = "retry"
+
+
+def wait_header(reason: str) -> tuple[str, bytes]:
+    return (WAIT_HEADER, reason.encode())
+
+
+def waited(message: Any, tier: int, destination: str, now: float) -> None:
+    """The span of the wait a record from retry tier ``tier`` had, ended ``now``, if its trace
+    is recorded here."""
+    headers = message.headers()
+    trace = tracing.trace_headers(headers)
+    if not trace or not tracing.recording(trace):
+        return
+    _, stamp = message.timestamp()
+    if stamp <= 0:
+        return
+    reason = next(
+        (value.decode() for name, value in headers if name == WAIT_HEADER and value), RETRY_WAIT
+    )
+    span = tracing.start_span(
+        f"wait ({reason})",
+        tracing.parent_context(trace),
+        attributes={
+            "pipeline.wait.reason": reason,
+            "pipeline.retry.tier": tier,
+            "pipeline.destination": destination,
+        },
+        start_time=min(stamp / 1000, now),
+    )
+    span.end(end_time=int(now * 1e9))

@@ -1,0 +1,226 @@
+"""Tracing: a call's journey as OpenTelemetry spans, one trace per call, its W3C trace context
+(``traceparent``, ``tracestate``) carried in the Kafka headers of every record that stands for
+the call (``calls``, ``deliveries``, the retry tiers, the dead letters, replays) and sent to the
+receiver.
+
+**Off unless an exporter is configured**, by the standard variables: ``OTEL_TRACES_EXPORTER``
+(``otlp`` or ``console``), or an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); ``OTEL_SDK_DISABLED=true`` or
+``OTEL_TRACES_EXPORTER=none`` turn it off. The SDK reads the rest itself: the sampler
+(``OTEL_TRACES_SAMPLER``, default parent-based always-on), the exporter's headers, timeout and
+compression, the batch processor's sizes, the resource (``OTEL_SERVICE_NAME``, default
+``pipeline-<role>``). OTLP goes over HTTP (protobuf), port 4318.
+
+**Off, a context still passes through**: a record's trace headers are copied onto the records it
+becomes, and the webhook request carries its ``traceparent``, so a sender's trace reaches the
+receiver whether or not the pipeline exports its own spans. No span is made then, and nothing is
+parsed on the way: the cost of tracing off is a header copy where a call has one.
+
+**On, spans are made only where they are kept**: with a parent-based sampler (the default), a
+record whose context is not sampled makes no span at all (its context passes through as when
+off); ``recording(headers)`` tells.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = [
+    "TRACEPARENT",
+    "TRACESTATE",
+    "TraceHeaders",
+    "configure",
+    "enabled",
+    "trace_headers",
+    "recording",
+    "parent_context",
+    "start_span",
+    "headers_of",
+    "trace_id_of",
+    "Span",
+    "SpanKind",
+    "StatusCode",
+]
+
+log = logging.getLogger("pipeline.tracing")
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+#: A record's trace context: its ``traceparent`` and ``tracestate`` headers, as Kafka carries
+#: them (empty: it has none).
+TraceHeaders = Sequence[tuple[str, bytes]]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_PARENT_BASED = {"parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"}
+_PROTOCOLS = {"http/protobuf"}
+
+
+class _State:
+    tracer: Tracer | None = None
+    provider: Any = None  # the SDK's TracerProvider, when on
+    #: Whether the sampler follows the parent's decision (a record's unsampled context then
+    #: makes no span, decided without parsing it).
+    parent_based = True
+
+
+_state = _State()
+
+
+def _wanted(environ: Mapping[str, str]) -> bool:
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = {e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    exporters.discard("")
+    if exporters:
+        return bool(exporters - {"none"})
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def configure(role: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Set this process's tracing up from the ``OTEL_*`` variables (see the module's docstring);
+    ``role`` names the service when ``OTEL_SERVICE_NAME`` does not. Returns whether it is on.
+    Raises ``ValueError`` naming the variable for a setting this build cannot serve."""
+    env = os.environ if environ is None else environ
+    if _state.provider is not None:  # configured again: the last one's spans are sent first
+        _state.provider.shutdown()
+        _state.provider = _state.tracer = None
+    if not _wanted(env):
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+    exporters = {e.strip().lower() for e in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
+    exporters -= {"", "none"}
+    chosen: list[SpanExporter] = []
+    for name in sorted(exporters):
+        if name == "otlp":
+            for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+                protocol = env.get(variable, "").strip()
+                if protocol:
+                    if protocol not in _PROTOCOLS:
+                        raise ValueError(
+                            f"{variable}={protocol}: only http/protobuf is supported (OTLP over "
+                            "HTTP, usually port 4318)"
+                        )
+                    break
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            chosen.append(OTLPSpanExporter())
+        elif name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            chosen.append(ConsoleSpanExporter())
+        else:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER={name}: not an exporter this build has (otlp, console, none)"
+            )
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    )
+    resource = Resource.create({} if named else {SERVICE_NAME: f"pipeline-{role}"})
+    provider = TracerProvider(resource=resource)
+    for exporter in chosen:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    _state.parent_based = sampler in _PARENT_BASED
+    _state.provider = provider
+    _state.tracer = provider.get_tracer("pipeline")
+    log.info("tracing: on (%s, sampler %s)", ", ".join(sorted(exporters)), sampler)
+    return True
+
+
+def enabled() -> bool:
+    """Whether this process makes spans."""
+    return _state.tracer is not None
+
+
+def trace_headers(headers: Any) -> TraceHeaders:
+    """The trace context among a record's ``headers`` (empty: it has none)."""
+    if not headers:
+        return []
+    return [
+        (name, value)
+        for name, value in headers
+        if (name == TRACEPARENT or name == TRACESTATE) and isinstance(value, bytes)
+    ]
+
+
+def _sampled(traceparent: bytes) -> bool:
+    try:
+        return bool(int(traceparent[-2:], 16) & 1)
+    except ValueError:
+        return False
+
+
+def recording(headers: TraceHeaders) -> bool:
+    """Whether a record with this trace context makes spans here: tracing is on, and the sampler
+    may keep its spans (a parent-based one keeps only a sampled context's; a record without one
+    starts no trace after ingestion)."""
+    if _state.tracer is None:
+        return False
+    for name, value in headers:
+        if name == TRACEPARENT:
+            return not _state.parent_based or _sampled(value)
+    return False
+
+
+def parent_context(carrier: Mapping[str, str] | TraceHeaders) -> Context | None:
+    """The OpenTelemetry context of a W3C trace context: HTTP request headers, or a record's
+    trace headers. ``None`` when it has none that is valid."""
+    if not isinstance(carrier, Mapping):
+        carrier = {name: value.decode("latin-1") for name, value in carrier}
+    if TRACEPARENT not in carrier:
+        return None
+    context = _PROPAGATOR.extract(carrier)
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        return None
+    return context
+
+
+def start_span(
+    name: str,
+    parent: Context | None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    start_time: float | None = None,
+) -> Span:
+    """A span of ``parent`` (``None``: a new trace) started now or at ``start_time`` (epoch
+    seconds); the caller ends it. Only called when tracing is on."""
+    tracer = _state.tracer
+    assert tracer is not None
+    return tracer.start_span(
+        name,
+        context=parent,
+        kind=kind,
+        attributes=attributes,
+        start_time=None if start_time is None else int(start_time * 1e9),
+    )
+
+
+def headers_of(span: Span) -> TraceHeaders:
+    """The trace context of ``span``, as a record's headers (or, decoded, a request's)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return [(name, value.encode()) for name, value in carrier.items()]
+
+
+def trace_id_of(headers: TraceHeaders) -> str | None:
+    """The trace id (32 hex digits) a record's trace context names, if any."""
+    for name, value in headers:
+        if name == TRACEPARENT:
+            parts = value.split(b"-")
+            if len(parts) == 4 and len(parts[1]) == 32:
+                return parts[1].decode("ascii", "replace")
+    return None

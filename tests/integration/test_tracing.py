@@ -1,0 +1,134 @@
+"""OpenTelemetry traces, end to end: one call sent with a ``traceparent`` through a real ingest
+and a real worker (subprocesses, configured by the standard ``OTEL_*`` variables) to a real OTLP
+endpoint on 127.0.0.1 that decodes the protobuf exports (``tests/otlp_collector.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from pipeline.core.settings import Settings
+from pipeline.runtime.net import free_port
+from tests.otlp_collector import Collector, ExportedSpan, start_collector, tree
+from tests.support import (
+    Receiver,
+    ServerThread,
+    Stderr,
+    apply,
+    simple_config,
+    started,
+    wait_for,
+    wait_until_ready,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SENDER_SPAN = "00f067aa0ba902b7"
+SECRET = "whsec_tracing-secret-0123456789"
+HEADER_VALUE = "key-in-a-config-header-42"
+BODY_MARKER = "body-marker-never-in-a-span"
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    server = ServerThread()
+    yield start_collector(server)
+    server.close()
+
+
+def run_pipeline(
+    settings: Settings,
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    collector: Collector,
+) -> tuple[str, Stderr]:
+    """Ingest and a worker exporting their spans to ``collector``; the ingest URL."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    port = free_port()
+    process_factory(settings, "ingest", "--port", str(port), env=env)
+    _, worker_log = started(process_factory, settings, "worker", env)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_ready(url)
+    return url, worker_log
+
+
+def named(spans: list[ExportedSpan], name: str) -> list[ExportedSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    collector: Collector,
+) -> None:
+    receiver = receiver_factory()
+    receiver.responses = [500]  # the first attempt fails, the retry (1 s later) is delivered
+    config = simple_config(receiver.url, secret=SECRET)
+    config["destinations"][0]["webhooks"][0]["headers"] = {"X-Api-Key": HEADER_VALUE}
+    apply(settings, config)
+    url, worker_log = run_pipeline(settings, process_factory, collector)
+
+    answer = httpx.post(
+        f"{url}/v1/track",
+        json={"userId": "u1", "event": "Signed Up", "properties": {"note": BODY_MARKER}},
+        auth=("wk", ""),
+        headers={"traceparent": f"00-{TRACE_ID}-{SENDER_SPAN}-01", "tracestate": "vendor=1"},
+    )
+    assert answer.status_code == 200
+
+    wait_for(lambda: receiver.delivered(), timeout=60)
+    wanted = {"POST /v1/track", "route track", "wait (retry)"}
+
+    def whole() -> bool:
+        spans = collector.of_trace(TRACE_ID)
+        return wanted <= {s.name for s in spans} and len(named(spans, "POST")) == 2
+
+    wait_for(whole, timeout=30)
+    spans = collector.of_trace(TRACE_ID)
+    print("\n" + tree(spans))
+
+    (ingest,) = named(spans, "POST /v1/track")
+    assert (ingest.kind, ingest.service, ingest.parent_id) == (
+        "server",
+        "pipeline-ingest",
+        SENDER_SPAN,
+    )
+    assert ingest.attributes["http.response.status_code"] == 200
+    assert ingest.attributes["pipeline.calls"] == 1
+
+    (route,) = named(spans, "route track")
+    assert (route.service, route.parent_id) == ("pipeline-worker", ingest.span_id)
+    assert route.attributes["pipeline.destinations"] == ["hooks"]
+
+    failed, delivered = sorted(named(spans, "POST"), key=lambda s: s.start)
+    for attempt in (failed, delivered):
+        assert (attempt.kind, attempt.parent_id) == ("client", route.span_id)
+        assert attempt.attributes["url.full"] == receiver.url
+        assert attempt.attributes["pipeline.destination"] == "hooks"
+    assert failed.attributes["http.response.status_code"] == 500
+    assert failed.attributes["error.type"] == "500" and failed.error
+    assert delivered.attributes["http.response.status_code"] == 200
+    assert delivered.attributes["http.request.resend_count"] == 1
+    assert not delivered.error
+
+    (waited,) = named(spans, "wait (retry)")
+    assert waited.parent_id == route.span_id
+    assert waited.attributes["pipeline.retry.tier"] == 0
+    # The wait spans the time between the two attempts (1 s in the test's retry schedule).
+    assert failed.end <= waited.start + 50_000_000
+    assert waited.end <= delivered.start + 50_000_000
+    assert waited.end - waited.start >= 500_000_000
+
+    # The receiver got the trace: the delivered attempt's span as the parent.
+    got = receiver.requests[-1].headers
+    assert got["traceparent"] == f"00-{TRACE_ID}-{delivered.span_id}-01"
+    assert got["tracestate"] == "vendor=1"
+
+    # No span holds the shared secret, a config header's value or the body.
+    for span in collector.spans:
+        for value in span.values():
+            assert SECRET not in value and HEADER_VALUE not in value and BODY_MARKER not in value

@@ -1,0 +1,87 @@
+"""Tracing's switch (the standard OTEL_* variables) and the trace context on Kafka headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.runtime import tracing
+
+SAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+UNSAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+
+
+@pytest.fixture(autouse=True)
+def off_afterwards() -> Iterator[None]:
+    yield
+    tracing.configure("test", {})
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"OTEL_SERVICE_NAME": "x"},
+        {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+        {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+    ],
+)
+def test_tracing_is_off_unless_an_exporter_is_configured(environ: dict[str, str]) -> None:
+    assert tracing.configure("worker", environ) is False
+    assert not tracing.enabled()
+    assert not tracing.recording([(tracing.TRACEPARENT, SAMPLED)])
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"},
+        {"OTEL_TRACES_EXPORTER": "console"},
+    ],
+)
+def test_an_exporter_turns_it_on(environ: dict[str, str]) -> None:
+    assert tracing.configure("worker", environ) is True
+    assert tracing.enabled()
+
+
+def test_grpc_and_unknown_exporters_are_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL=grpc: only http/protobuf"):
+        tracing.configure(
+            "worker",
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        )
+    with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER=zipkin"):
+        tracing.configure("worker", {"OTEL_TRACES_EXPORTER": "zipkin"})
+
+
+def test_a_parent_based_sampler_records_only_a_sampled_context() -> None:
+    tracing.configure("worker", {"OTEL_TRACES_EXPORTER": "console"})
+    assert tracing.recording([(tracing.TRACEPARENT, SAMPLED)])
+    assert not tracing.recording([(tracing.TRACEPARENT, UNSAMPLED)])
+    assert not tracing.recording([])  # no context: no trace starts after ingestion
+    tracing.configure(
+        "worker", {"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "always_on"}
+    )
+    assert tracing.recording([(tracing.TRACEPARENT, UNSAMPLED)])
+
+
+def test_a_span_of_a_records_context_is_its_child_and_carries_the_trace_on() -> None:
+    tracing.configure("worker", {"OTEL_TRACES_EXPORTER": "console"})
+    parent = tracing.parent_context([(tracing.TRACEPARENT, SAMPLED), (tracing.TRACESTATE, b"v=1")])
+    span = tracing.start_span("route track", parent)
+    headers = dict(tracing.headers_of(span))
+    span.end()
+    trace_id, span_id = headers[tracing.TRACEPARENT].split(b"-")[1:3]
+    assert trace_id == SAMPLED.split(b"-")[1] and span_id != SAMPLED.split(b"-")[2]
+    assert headers[tracing.TRACESTATE] == b"v=1"
+    assert tracing.trace_id_of(tracing.headers_of(span)) == trace_id.decode()
+
+
+def test_only_the_trace_headers_of_a_record_are_kept_and_bad_ones_are_no_context() -> None:
+    headers = [("pipeline-schedule", b"0 1 2 3 hooks"), ("traceparent", SAMPLED), ("x", b"y")]
+    assert tracing.trace_headers(headers) == [("traceparent", SAMPLED)]
+    assert tracing.trace_headers(None) == []
+    assert tracing.parent_context({"traceparent": "00-nonsense"}) is None
+    assert tracing.parent_context({}) is None
