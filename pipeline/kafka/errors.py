@@ -28,6 +28,7 @@ __all__ = [
     "PERMANENT_PRODUCE_CODES",
     "Refusal",
     "Outgoing",
+    "Headers",
     "Headed",
     "Placed",
     "Produced",

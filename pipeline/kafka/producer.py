@@ -32,7 +32,7 @@ from pipeline.core.deadline import Deadline
 from pipeline.core.exceptions import BrokerUnavailable
 from pipeline.core.settings import Settings
 from pipeline.kafka.clients import make_producer, producer_config
-from pipeline.kafka.errors import Failed, Headed, Outgoing, Placed, Produced, Refusal
+from pipeline.kafka.errors import Failed, Headed, Headers, Outgoing, Placed, Produced, Refusal
 
 __all__ = [
     "Acks",
@@ -235,9 +235,17 @@ class AckedProducer:
         self._transactions_ready = False
 
     def produce(
-        self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None = None,
+        headers: Headers = (),
     ) -> None:
         extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+        if headers:
+            extra["headers"] = list(headers)
         deadline: Deadline | None = None
         while True:
             try:

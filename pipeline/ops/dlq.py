@@ -36,6 +36,7 @@ from pipeline.kafka.log_batches import log_batch_records
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import read_topic
+from pipeline.runtime.tracing import TraceHeaders, step, trace_headers
 
 __all__ = ["DlqFilter", "DeadLetterEntry", "list_dead_letters", "replay_dead_letters"]
 
@@ -68,6 +69,8 @@ class DlqFilter:
 class DeadLetterEntry:
     dead_letter: DeadLetter
     replayed_at: int | None
+    #: The trace context of its call (``pipeline.runtime.tracing``).
+    trace: TraceHeaders = ()
 
     @property
     def letter(self) -> dict[str, Any]:
@@ -95,7 +98,8 @@ def list_dead_letters(settings: Settings, selection: DlqFilter) -> list[DeadLett
     for message in read_topic(settings, topics_for(settings).dlq):
         letter = dead_letter_from_record(codec.decode("DeadLetter", message.value()))
         if selection.matches(letter):
-            entries.append(DeadLetterEntry(letter, replayed.get(letter.id)))
+            trace = trace_headers(message.headers())
+            entries.append(DeadLetterEntry(letter, replayed.get(letter.id), trace))
     return entries
 
 
@@ -157,7 +161,13 @@ def replay_dead_letters(
             delivery, marker = replay(entry.dead_letter, now)
             key = f"{delivery.destination_id}/{delivery.message_id}".encode()
             value = codec.encode("Delivery", delivery_to_record(delivery))
-            producer.produce(topics.retry[0], key, value)
+            # It goes on in its call's trace, after a step that says it was replayed.
+            attributes = {
+                "pipeline.replay": summary.replay_id,
+                "pipeline.destination": delivery.destination_id,
+            }
+            trace = step(entry.trace, "replay (dead letter)", attributes)
+            producer.produce(topics.retry[0], key, value, headers=trace)
             producer.produce(
                 topics.dlq_replays,
                 marker.dead_letter_id.encode(),

@@ -57,6 +57,7 @@ from pipeline.kafka.log_batches import log_batch_records
 from pipeline.kafka.producer import AckedProducer
 from pipeline.kafka.registry_codec import make_codec
 from pipeline.kafka.topic_reader import READ_IDLE_TIMEOUT, TopicReader, read_topic
+from pipeline.runtime.tracing import TraceHeaders, step, trace_headers
 
 __all__ = [
     "ReplayPlan",
@@ -270,7 +271,7 @@ class _Run:
                         reader.release([partition])
                         continue
                     if stamp >= earliest or stamp < 0:  # < 0: the broker gave no timestamp
-                        self._consider(message.value())
+                        self._consider(message.value(), trace_headers(message.headers()))
                     self.scanned += 1
                     self.positions[partition] = self.positions[partition]._replace(next=offset + 1)
                     if self.progress is not None:
@@ -294,9 +295,10 @@ class _Run:
     def _done(self, partition: int, next_offset: int) -> None:
         self.positions[partition] = self.positions[partition]._replace(next=next_offset, done=True)
 
-    def _consider(self, value: bytes | None) -> None:
-        """One record of the range's time window: sent (or counted) if it is a call of the
-        selection that live routing would send to the destination."""
+    def _consider(self, value: bytes | None, trace: TraceHeaders) -> None:
+        """One record of the range's time window (``trace``: its trace context): sent (or
+        counted) if it is a call of the selection that live routing would send to the
+        destination; in the call's trace, after a step that says it was replayed."""
         plan = self.plan
         try:
             call = call_from_record(self.codec.decode("Call", value))
@@ -318,7 +320,9 @@ class _Run:
             time.sleep(wait)
         key, delivery = decision
         value = self.codec.encode("Delivery", delivery_to_record(delivery))
-        self.producer.produce(self.topics.deliveries, key, value)
+        attributes = {"pipeline.replay": plan.state.id, "pipeline.destination": plan.destination.id}
+        trace = step(trace, "replay (range)", attributes)
+        self.producer.produce(self.topics.deliveries, key, value, headers=trace)
         self.result.counts[counted] += 1
         self.sent += 1
         if self.settings.log:

@@ -44,6 +44,7 @@ __all__ = [
     "parent_context",
     "start_span",
     "headers_of",
+    "step",
     "trace_id_of",
     "Span",
     "SpanKind",
@@ -207,6 +208,17 @@ def start_span(
         attributes=attributes,
         start_time=None if start_time is None else int(start_time * 1e9),
     )
+
+
+def step(trace: TraceHeaders, name: str, attributes: Mapping[str, Any]) -> TraceHeaders:
+    """A step of a call's journey that takes no time of its own (a replay, say): its span (ended
+    at once), a child of ``trace``, when that is recorded here; the trace context the records it
+    makes carry (``trace`` itself when no span is made)."""
+    if not trace or not recording(trace):
+        return trace
+    span = start_span(name, parent_context(trace), attributes=attributes)
+    span.end()
+    return headers_of(span)
 
 
 def headers_of(span: Span) -> TraceHeaders:

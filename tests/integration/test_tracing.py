@@ -18,6 +18,7 @@ from tests.support import (
     ServerThread,
     Stderr,
     apply,
+    run_cli,
     simple_config,
     started,
     wait_for,
@@ -40,13 +41,18 @@ def collector() -> Iterator[Collector]:
     server.close()
 
 
+def exporting(collector: Collector) -> dict[str, str]:
+    """The environment of a process that sends its spans to ``collector`` at once."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
 def run_pipeline(
     settings: Settings,
     process_factory: Callable[..., subprocess.Popen[bytes]],
     collector: Collector,
 ) -> tuple[str, Stderr]:
     """Ingest and a worker exporting their spans to ``collector``; the ingest URL."""
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    env = exporting(collector)
     port = free_port()
     process_factory(settings, "ingest", "--port", str(port), env=env)
     _, worker_log = started(process_factory, settings, "worker", env)
@@ -132,3 +138,62 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
     for span in collector.spans:
         for value in span.values():
             assert SECRET not in value and HEADER_VALUE not in value and BODY_MARKER not in value
+
+
+def test_a_dead_letter_replay_and_a_range_replay_go_on_in_the_calls_trace(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    collector: Collector,
+) -> None:
+    """Both replays keep the call's trace: a ``replay (dead letter)`` step under the routing
+    span, a ``replay (range)`` step under the ingestion span (the call as it was received), each
+    followed by its attempt."""
+    receiver = receiver_factory()
+    receiver.responses = [400]  # a client error: dead-lettered at once
+    apply(settings, simple_config(receiver.url))
+    url, _ = run_pipeline(settings, process_factory, collector)
+    answer = httpx.post(
+        f"{url}/v1/track",
+        json={"userId": "u1", "event": "Signed Up", "messageId": "m-replayed"},
+        auth=("wk", ""),
+        headers={"traceparent": f"00-{TRACE_ID}-{SENDER_SPAN}-01"},
+    )
+    assert answer.status_code == 200
+    wait_for(lambda: named(collector.of_trace(TRACE_ID), "POST"), timeout=60)
+    wait_for(lambda: "1 dead letter" in run_cli(settings, "dlq", "list").stdout, timeout=30)
+
+    env = exporting(collector)
+    replayed = run_cli(settings, "dlq", "replay", env=env)
+    assert "replayed 1;" in replayed.stdout, replayed.stderr
+    wait_for(lambda: len(receiver.delivered()) == 1, timeout=30)
+    ranged = run_cli(
+        settings, "replay", "--destination", "hooks", "--since", "1h", "--yes", env=env
+    )
+    assert ranged.returncode == 0, ranged.stderr
+    wait_for(lambda: len(receiver.delivered()) == 2, timeout=30)
+
+    def whole() -> bool:
+        spans = collector.of_trace(TRACE_ID)
+        return len(named(spans, "POST")) == 3 and len(named(spans, "replay (range)")) == 1
+
+    wait_for(whole, timeout=30)
+    spans = collector.of_trace(TRACE_ID)
+    print("\n" + tree(spans))
+    (ingest,) = named(spans, "POST /v1/track")
+    (route,) = named(spans, "route track")
+    (from_dlq,) = named(spans, "replay (dead letter)")
+    (from_range,) = named(spans, "replay (range)")
+    assert (from_dlq.parent_id, from_dlq.service) == (route.span_id, "pipeline-dlq")
+    assert (from_range.parent_id, from_range.service) == (ingest.span_id, "pipeline-replay")
+    first, second, third = sorted(named(spans, "POST"), key=lambda s: s.start)
+    assert first.attributes["http.response.status_code"] == 400
+    assert second.parent_id == from_dlq.span_id
+    assert second.attributes["http.response.status_code"] == 200
+    assert third.parent_id == from_range.span_id
+    assert third.attributes["http.response.status_code"] == 200
+    traceparents = [r.headers["traceparent"] for r in receiver.requests]
+    assert traceparents[1:] == [
+        f"00-{TRACE_ID}-{second.span_id}-01",
+        f"00-{TRACE_ID}-{third.span_id}-01",
+    ]
