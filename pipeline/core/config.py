@@ -19,6 +19,7 @@ A config file (``pipeline config apply FILE.yaml``)::
         mtls: {certificate: /etc/pipeline/client.pem, key: /etc/pipeline/client.key, ca: /etc/pipeline/ca.pem}
         proxy: http://proxy.internal:3128   # optional; else PIPELINE_HTTP_PROXY, if set
         oauth2: {token_url: https://auth.example.com/token, client_id: id, client_secret: s, scope: hooks}
+        trace_context: false            # optional; its requests then carry no traceparent
         webhooks:                       # 1..5 entries
           - url: https://example.com/hook
             headers: {Authorization: "Bearer abc"}
@@ -53,6 +54,7 @@ from pydantic import (
     BeforeValidator,
     ByteSize,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -333,6 +335,8 @@ class Destination(_Model):
     proxy: ProxyUrl | None = None
     #: OAuth2 client credentials: a bearer token on every request.
     oauth2: OAuth2 | None = None
+    #: Its requests carry the call's W3C trace context (``traceparent``, ``tracestate``).
+    trace_context: StrictBool = True
     #: Send calls in batches (a JSON array a request); ``None``: one call a request.
     batch: Batch | None = None
     webhooks: list[Webhook] = Field(min_length=1, max_length=MAX_WEBHOOKS)

@@ -70,6 +70,7 @@ def _destination_data(dest: Destination) -> dict[str, Any]:
             "signing_key": dest.signing_key,
             "mtls": None if dest.mtls is None else _present(dest.mtls.model_dump()),
             "proxy": dest.proxy,
+            "trace_context": None if dest.trace_context else False,
             "oauth2": None if dest.oauth2 is None else _present(dest.oauth2.model_dump()),
             "webhooks": [
                 _present({"url": hook.url, "headers": dict(hook.headers) or None})

@@ -165,8 +165,9 @@ def destination_data(
     return data
 
 
-#: A destination's fields set in the config file only: the console shows them and keeps them.
-_FILE_ONLY = ("mtls", "proxy", "oauth2")
+#: A destination's fields set in the config file only: the console keeps them (and shows the
+#: TLS, proxy and OAuth2 ones).
+_FILE_ONLY = ("mtls", "proxy", "oauth2", "trace_context")
 
 
 def _batch_data(form: Mapping[str, str], current: Destination | None) -> dict[str, Any] | None:

@@ -45,12 +45,13 @@ async def traced_post(
     trace: tracing.TraceHeaders,
     resends: int,
     attributes: dict[str, str],
+    sent: bool = True,
 ) -> UrlResult:
     """``post(headers)`` with the trace context ``trace`` (``attributes``: the span's own, for a
-    recorded one)."""
-    if not trace:
-        return await post(headers)
+    recorded one); ``sent``: in the request's headers (a destination's ``trace_context``)."""
     if not tracing.recording(trace):
+        if not sent:
+            return await post(headers)
         return await post({**headers, **{name: value.decode() for name, value in trace}})
     span = tracing.start_span(
         "POST",
@@ -60,9 +61,10 @@ async def traced_post(
     )
     if resends:
         span.set_attribute("http.request.resend_count", resends)
-    sent = {name: value.decode() for name, value in tracing.headers_of(span)}
+    if sent:
+        headers = {**headers, **{name: value.decode() for name, value in tracing.headers_of(span)}}
     try:
-        result = await post({**headers, **sent})
+        result = await post(headers)
     except BaseException as exc:
         span.set_attribute("error.type", type(exc).__qualname__)
         span.set_status(tracing.StatusCode.ERROR)

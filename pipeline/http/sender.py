@@ -246,6 +246,7 @@ class WebhookSender:
                 trace,
                 resends,
                 {"pipeline.destination": destination.id, "pipeline.message_id": message_id},
+                destination.trace_context,
             )
 
         if len(hooks) == 1:  # the common case: no gather, no extra task

@@ -147,6 +147,7 @@ def _encode_destination(dest: Destination, origin: Origin) -> dict[str, Any]:
         "signingKey": dest.signing_key,
         "mtls": None if dest.mtls is None else dest.mtls.model_dump(),
         "proxy": dest.proxy,
+        "traceContext": dest.trace_context,
         "oauth2": None
         if dest.oauth2 is None
         else {
@@ -194,6 +195,7 @@ def _decode_destination(record: dict[str, Any]) -> Destination:
         signing_key=record["signingKey"],
         mtls=None if record["mtls"] is None else ClientTls(**record["mtls"]),
         proxy=record["proxy"],
+        trace_context=record["traceContext"],
         oauth2=None
         if record["oauth2"] is None
         else OAuth2(

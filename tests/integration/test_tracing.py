@@ -73,8 +73,12 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
 ) -> None:
     receiver = receiver_factory()
     receiver.responses = [500]  # the first attempt fails, the retry (1 s later) is delivered
+    quiet = receiver_factory()  # a destination whose requests carry no trace context
     config = simple_config(receiver.url, secret=SECRET)
     config["destinations"][0]["webhooks"][0]["headers"] = {"X-Api-Key": HEADER_VALUE}
+    config["destinations"].append(
+        {**simple_config(quiet.url)["destinations"][0], "id": "quiet", "trace_context": False}
+    )
     apply(settings, config)
     url, worker_log = run_pipeline(settings, process_factory, collector)
 
@@ -91,7 +95,7 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
 
     def whole() -> bool:
         spans = collector.of_trace(TRACE_ID)
-        return wanted <= {s.name for s in spans} and len(named(spans, "POST")) == 2
+        return wanted <= {s.name for s in spans} and len(named(spans, "POST")) == 3
 
     wait_for(whole, timeout=30)
     spans = collector.of_trace(TRACE_ID)
@@ -108,9 +112,13 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
 
     (route,) = named(spans, "route track")
     assert (route.service, route.parent_id) == ("pipeline-worker", ingest.span_id)
-    assert route.attributes["pipeline.destinations"] == ["hooks"]
+    assert sorted(route.attributes["pipeline.destinations"]) == ["hooks", "quiet"]
 
-    failed, delivered = sorted(named(spans, "POST"), key=lambda s: s.start)
+    attempts = named(spans, "POST")
+    (unsent,) = [s for s in attempts if s.attributes["pipeline.destination"] == "quiet"]
+    assert unsent.parent_id == route.span_id  # its span is made all the same
+    assert "traceparent" not in quiet.requests[0].headers
+    failed, delivered = sorted((s for s in attempts if s is not unsent), key=lambda s: s.start)
     for attempt in (failed, delivered):
         assert (attempt.kind, attempt.parent_id) == ("client", route.span_id)
         assert attempt.attributes["url.full"] == receiver.url

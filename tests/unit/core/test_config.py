@@ -761,3 +761,10 @@ def test_every_bad_delay_is_reported() -> None:
         "destinations[0] (hooks-1).retry.delays[2]: 0s is under the minimum of 1s",
         "destinations[0] (hooks-1).retry.deadline: '1s' is under the minimum of 1m",
     ]
+
+
+def test_trace_context_is_on_unless_turned_off_and_only_a_boolean() -> None:
+    assert validate_config(config()).destinations[0].trace_context is True
+    assert validate_config(config(trace_context=False)).destinations[0].trace_context is False
+    problem = only_problem(config(trace_context="no"))
+    assert "destinations[0] (hooks-1).trace_context: Input should be a valid boolean" in problem

@@ -49,6 +49,7 @@ FULL = Destination(
     ],
     disabled_reason="every attempt failed for 1d (disable_after 1d)",
     disabled_at=1_795_273_500_000,
+    trace_context=False,
 )
 PLAIN = Destination(id="plain", sources=["web"], webhooks=[Webhook(url="https://example.org/")])
 BATCHED = PLAIN.model_copy(
@@ -85,6 +86,7 @@ def test_sources_then_destinations_sorted_by_id_with_the_documented_key_order() 
         "standard_webhooks",
         "signing",
         "signing_key",
+        "trace_context",
         "webhooks",
         "retry",
         "max_in_flight",

@@ -193,6 +193,7 @@ RECORDS: dict[str, dict[str, Any]] = {
             "clientSecret": "s",
             "scope": None,
         },
+        "traceContext": False,
     },
 }
 
@@ -210,6 +211,7 @@ ADDED_AFTER: list[tuple[str, dict[str, Any]]] = [
     ("destination.v8", {"mtls": None}),
     ("destination.v9", {"proxy": None}),
     ("destination.v10", {"oauth2": None}),
+    ("destination.v11", {"traceContext": True}),
 ]
 
 
