@@ -24,7 +24,7 @@ from pipeline.core.records import call_to_record
 from pipeline.core.settings import Settings
 from pipeline.core.timestamps import now_ms
 from pipeline.kafka.clients import producer_config, topics_for
-from pipeline.kafka.errors import Failed, Outgoing
+from pipeline.kafka.errors import Failed, Headed, Outgoing
 from pipeline.kafka.producer import AckedProducer, AsyncProducer
 from pipeline.kafka.registry_codec import make_codec
 
@@ -49,7 +49,7 @@ def kafka_settings(
 
 
 def refused(
-    batch: Sequence[Queued], records: Sequence[Outgoing], failed: Sequence[Failed]
+    batch: Sequence[Queued], records: Sequence[Outgoing | Headed], failed: Sequence[Failed]
 ) -> DeliveryError:
     """The ``DeliveryError`` for a batch whose ``failed`` records Kafka refused.
 
@@ -60,7 +60,7 @@ def refused(
     permanent = [f.refusal for f in failed if not f.refusal.retryable]
     shown = permanent[0] if permanent else failed[0].refusal
     where: dict[bytes | None, list[int]] = {}
-    for index, (_, _, value) in enumerate(records):
+    for index, value in enumerate(record[2] for record in records):
         where.setdefault(value, []).append(index)
     # By value: records are matched to calls by their bytes (each holds its own messageId;
     # identical calls are interchangeable, hence the list).
@@ -92,16 +92,22 @@ class _KafkaRecords:
         self.source_id = source_id
         self.codec = make_codec(self.settings)  # Confluent wire format when a registry is set
 
-    def records(self, batch: Sequence[Queued]) -> list[Outgoing]:
+    def records(self, batch: Sequence[Queued]) -> list[Outgoing | Headed]:
+        """Each call's record, with the trace context it was made in (if any) as headers."""
         now = now_ms()
         encode = self.codec.encode
-        out: list[Outgoing] = []
+        out: list[Outgoing | Headed] = []
         for item in batch:
             call = item.call
             record = call_to_record(call)
             record["sourceId"] = self.source_id
             record["receivedAt"] = record["sentAt"] = now
-            out.append((self.topic, call.key, encode("Call", record)))
+            value = encode("Call", record)
+            out.append(
+                (self.topic, call.key, value, item.trace)
+                if item.trace
+                else (self.topic, call.key, value)
+            )
         return out
 
 
@@ -151,8 +157,9 @@ class KafkaTransport(_KafkaTransport[AckedProducer]):
         producer.reset_counts()  # this batch's answers only
         unanswered = 0
         try:
-            for topic, key, value in records:
-                producer.produce(topic, key, value)
+            for record in records:
+                headers = record[3] if len(record) == 4 else ()
+                producer.produce(record[0], record[1], record[2], headers=headers)
             producer.flush(self._timeout + _ACK_MARGIN)
         except BrokerUnavailable:  # no room in librdkafka's queue, or answers missing
             unanswered = len(records) - producer.acks.answered

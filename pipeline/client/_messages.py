@@ -23,6 +23,8 @@ from pipeline.core.calls import Call, new_message_id, parse_call, unencodable_fi
 from pipeline.core.exceptions import InvalidCall
 from pipeline.core.timestamps import format_timestamp, now_ms
 
+from ._trace_context import TraceContext, current_trace
+
 __all__ = ["Queued", "build_message", "prepare", "LIBRARY"]
 
 #: ``context.library`` of every message (the receiver sees which library sent a call).
@@ -39,13 +41,22 @@ class Queued:
     less garbage-collector work per call. ``call`` rebuilds one on demand from the bytes.
     """
 
-    __slots__ = ("encoded", "_call", "event_time", "source_id")
+    __slots__ = ("encoded", "_call", "event_time", "source_id", "trace")
 
-    def __init__(self, encoded: bytes, call: Call | None, event_time: int, source_id: str) -> None:
+    def __init__(
+        self,
+        encoded: bytes,
+        call: Call | None,
+        event_time: int,
+        source_id: str,
+        trace: TraceContext = (),
+    ) -> None:
         self.encoded = encoded
         self._call = call
         self.event_time = event_time
         self.source_id = source_id
+        #: The trace context of the span that made the call (``_trace_context``).
+        self.trace = trace
 
     @property
     def call(self) -> Call:
@@ -164,7 +175,8 @@ def prepare(
 ) -> Queued:
     """Validate and encode one message; raises ``InvalidCall`` naming the field, or
     ``CallTooLarge``. ``event_time`` (epoch ms) is when the call was made: the ``Call``'s
-    ``timestamp`` unless the message has its own."""
+    ``timestamp`` unless the message has its own. The active OpenTelemetry span's context, if
+    any, goes with it."""
     try:
         encoded = orjson.dumps(message)
     except TypeError as plain:
@@ -178,4 +190,4 @@ def prepare(
     call = parse_call(  # refuses a call over 32 KB (CallTooLarge), as the API does
         message, source_id=source_id, received_at=event_time, raw_size=len(encoded)
     )
-    return Queued(encoded, call if keep_call else None, event_time, source_id)
+    return Queued(encoded, call if keep_call else None, event_time, source_id, current_trace())

@@ -93,6 +93,14 @@ class _HttpRequest:
             self.headers["Content-Encoding"] = "gzip"
         self.auth = httpx.BasicAuth(write_key, "")
 
+    def headers_for(self, batch: Sequence[Queued]) -> dict[str, str]:
+        """The request's headers: with the calls' trace context when they all share one (a
+        batch of calls made in different spans carries none: it would name one of them)."""
+        trace = batch[0].trace if batch else ()
+        if not trace or any(item.trace != trace for item in batch):
+            return self.headers
+        return {**self.headers, **{name: value.decode() for name, value in trace}}
+
     def body(self, batch: Sequence[Queued]) -> bytes:
         body = batch_body(batch, write_key=self.write_key, sent_at=format_timestamp(now_ms()))
         # Level 1: several times faster than 6 on JSON for a slightly larger body; batches are
@@ -111,7 +119,7 @@ class HttpTransport:
         request = self._request
         try:
             response = self._client.post(
-                request.url, content=request.body(batch), headers=request.headers
+                request.url, content=request.body(batch), headers=request.headers_for(batch)
             )
         except httpx.TransportError as exc:
             raise DeliveryError(
@@ -136,7 +144,7 @@ class AsyncHttpTransport:
         request = self._request
         try:
             response = await self._client.post(
-                request.url, content=request.body(batch), headers=request.headers
+                request.url, content=request.body(batch), headers=request.headers_for(batch)
             )
         except httpx.TransportError as exc:
             raise DeliveryError(

@@ -144,7 +144,7 @@ def _trace(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _print_json([trace])
     else:
-        print(format_trace(trace))
+        print(format_trace(trace, settings.trace_url_template))
     return 0
 
 

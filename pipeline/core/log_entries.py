@@ -146,6 +146,8 @@ class LogEntry(NamedTuple):
     replay_id: str = ""
     #: ``received``: the call's JSON, only with ``PIPELINE_LOG_BODIES=true`` (personal data).
     body: str | None = None
+    #: ``received``: the call's trace id (32 hex digits), when it came with a trace context.
+    trace_id: str = ""
 
 
 class LogRecord(NamedTuple):
@@ -178,6 +180,7 @@ _ENTRY_DEFAULTS: Record = {
     "response": "",
     "replayId": "",
     "body": None,
+    "traceId": "",
 }
 
 
@@ -228,12 +231,14 @@ def call_log_record(
     detail: str = "",
     excluded: Sequence[tuple[str, str]] = (),
     body: str | None = None,
+    trace_id: str = "",
 ) -> Record:
     """The router's record for one call: ``received``, then ``routed`` to ``destinations`` or
     ``dropped`` for ``dropped`` (``detail``: more words on why, in the entry's ``error``), and a
     ``dropped`` per connected destination left out."""
     received = _BLANK[LogKind.RECEIVED].copy()
     received["at"], received["size"], received["body"] = call.received_at, size, body
+    received["traceId"] = trace_id
     entries = [received]
     if dropped is None:
         routed = _BLANK[LogKind.ROUTED].copy()
@@ -360,6 +365,7 @@ def _entry_from_avro(record: Record) -> LogEntry:
         record["response"],
         record["replayId"],
         record["body"],
+        record["traceId"],
     )
 
 

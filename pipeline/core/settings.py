@@ -113,6 +113,21 @@ def _proxy(value: Any) -> Any:
     return SecretStr(check_proxy_url(str(value)))
 
 
+def _trace_url(value: Any) -> Any:
+    """A trace URL template: http(s), with ``{trace_id}`` in it; empty: none."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
+    if "{trace_id}" not in text:
+        raise ValueError(
+            f"must hold {{trace_id}} where the trace id goes, got {text!r} (e.g. "
+            "http://localhost:16686/trace/{trace_id})"
+        )
+    return text
+
+
 def _whole(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -236,6 +251,9 @@ class Settings(BaseSettings):
     log: bool = True
     #: Also record each call's JSON in its ``received`` entry (it holds personal data).
     log_bodies: bool = False
+    #: Where a trace is seen, ``{trace_id}`` standing for its id (Jaeger:
+    #: ``http://localhost:16686/trace/{trace_id}``): ``pipeline trace`` and the console link it.
+    trace_url_template: Annotated[str | None, BeforeValidator(_trace_url)] = None
     #: Where ``pipeline log-store`` keeps the log: ``sqlite:///PATH`` (the embedded default,
     #: ``default_log_store_url``) or ``postgresql://...``.
     log_store_url: str = ""

@@ -72,12 +72,14 @@ Record = dict[str, Any]
 
 class Routed(NamedTuple):
     """The router's record of a call routed, no destination left out, no body logged (as
-    ``call_log_record(call, size, at, destinations=destinations)`` makes it), not written yet."""
+    ``call_log_record(call, size, at, destinations=destinations, trace_id=trace_id)`` makes
+    it), not written yet."""
 
     call: Call
     size: int
     at: int
     destinations: list[str]
+    trace_id: str = ""
 
 
 class Delivered(NamedTuple):
@@ -124,7 +126,11 @@ def _body(codec: Codec, record: LogRecordValue) -> bytes:
 def _record(record: LogRecordValue) -> Record:
     if isinstance(record, Routed):
         return call_log_record(
-            record.call, record.size, record.at, destinations=record.destinations
+            record.call,
+            record.size,
+            record.at,
+            destinations=record.destinations,
+            trace_id=record.trace_id,
         )
     if isinstance(record, Delivered):
         before = record.delivery
@@ -181,8 +187,9 @@ def kind_bytes(kind: LogKind) -> bytes:
 _RECEIVED, _ROUTED = kind_bytes(LogKind.RECEIVED), kind_bytes(LogKind.ROUTED)
 _ATTEMPT, _DELIVERED = kind_bytes(LogKind.ATTEMPT), kind_bytes(LogKind.DELIVERED)
 #: An entry's fields from ``url`` on at their defaults: url "", status null, error "",
-#: durationMs 0, tier -1, notBefore 0, attempt 0, response "", replayId "", body null.
-ENTRY_TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00"
+#: durationMs 0, tier -1, notBefore 0, attempt 0, response "", replayId "", body null,
+#: traceId "".
+ENTRY_TAIL = b"\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00"
 #: ``destinations`` [], ``reason`` "", ``size`` 0.
 NO_DESTINATIONS = b"\x00\x00\x00"
 
@@ -193,8 +200,10 @@ NO_DESTINATIONS = b"\x00\x00\x00"
 _RoutedKey = tuple[str, str, str | None, tuple[str, ...]]
 _ROUTED_PIECES: dict[_RoutedKey, tuple[bytes, bytes, bytes]] = {}
 _ROUTED_PIECES_MAX = 1024
-#: The received entry's fields after ``size``, and the routed entry's kind.
+#: The received entry's fields after ``size``, and the routed entry's kind; the same up to its
+#: ``traceId`` (``_RECEIVED_TRACED``, the trace id, then ``_ROUTED``).
 _RECEIVED_END = ENTRY_TAIL + _ROUTED
+_RECEIVED_TRACED = ENTRY_TAIL[:-1]
 
 
 def _routed_pieces(key: _RoutedKey) -> tuple[bytes, bytes, bytes]:
@@ -225,6 +234,14 @@ def _routed_pieces(key: _RoutedKey) -> tuple[bytes, bytes, bytes]:
     return pieces
 
 
+def _traced_end(trace_id: str) -> bytes:
+    """``_RECEIVED_END`` with ``trace_id`` as the received entry's ``traceId``."""
+    out = bytearray(_RECEIVED_TRACED)
+    write_string(out, trace_id)
+    out += _ROUTED
+    return bytes(out)
+
+
 def _optional_text(text: str | None) -> bytes:
     """``text`` as an Avro ``["null", "string"]``, not remembered (user ids seldom repeat)."""
     if text is None:
@@ -234,9 +251,11 @@ def _optional_text(text: str | None) -> bytes:
     return b"\x02" + (LONGS.get(size) or long_bytes(size)) + data
 
 
-def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> bytes:
-    """``call_log_record(call, size, at, destinations=destinations)``'s Avro body: the router's
-    record of a call routed, no destination left out, no body logged."""
+def routed_log_body(
+    call: Call, size: int, at: int, destinations: list[str], trace_id: str = ""
+) -> bytes:
+    """``call_log_record(call, size, at, destinations=destinations, trace_id=trace_id)``'s Avro
+    body: the router's record of a call routed, no destination left out, no body logged."""
     key = (call.source_id, call.type.value, call.event, tuple(destinations))
     named, entries, end = _ROUTED_PIECES.get(key) or _routed_pieces(key)
     longs = LONGS
@@ -254,7 +273,7 @@ def routed_log_body(call: Call, size: int, at: int, destinations: list[str]) -> 
             longs.get(received) or long_bytes(received),
             NO_DESTINATIONS,  # destination "", destinations [], reason ""
             longs.get(size) or long_bytes(size),
-            _RECEIVED_END,
+            _traced_end(trace_id) if trace_id else _RECEIVED_END,
             longs.get(at) or long_bytes(at),
             end,
         )
@@ -288,7 +307,7 @@ def _delivered_pieces(key: _DeliveredKey) -> tuple[bytes, bytes, bytes, bytes]:
     write_long(tail, tier)
     tail.append(0)  # notBefore 0
     write_long(tail, number)
-    tail += b"\x00\x00\x00"  # response "", replayId "", body null
+    tail += b"\x00\x00\x00\x00"  # response "", replayId "", body null, traceId ""
     tail += _DELIVERED
     end = (
         bytes(entry) + ENTRY_TAIL + b"\x00"
@@ -371,9 +390,9 @@ def delivered_log_body(
         out += longs.get(number) or long_bytes(number)
         if result.response:
             write_string(out, result.response)
-            out += b"\x00\x00"  # replayId "", body null
+            out += b"\x00\x00\x00"  # replayId "", body null, traceId ""
         else:
-            out += b"\x00\x00\x00"  # response "", replayId "", body null
+            out += b"\x00\x00\x00\x00"  # response "", replayId "", body null, traceId ""
     out += _DELIVERED
     at = int(finished * 1000)
     out += longs.get(at) or long_bytes(at)

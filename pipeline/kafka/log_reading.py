@@ -183,9 +183,11 @@ def _read_batch(data: bytes, pos: int) -> tuple[list[LogRecord], int]:
                     status = long() if branch else None
                     error, duration, tier, not_before = text(), long(), long(), long()
                     attempt, response, replay_id, body = long(), text(), text(), optional()
+                    trace_id = text()
                     whole: tuple[Any, ...] = (kind, at, destination, destinations, reason)
                     whole += (size, url, status)
                     whole += (error, duration, tier, not_before, attempt, response, replay_id, body)
+                    whole += (trace_id,)
                     entries.append(_make(LogEntry, whole))
                 m = count()
             record = (message_id, source, call_type, user_id, anonymous_id, event, tuple(entries))

@@ -366,16 +366,17 @@ class RouterHandler:
             routed[decision.call_type] = routed.get(decision.call_type, 0) + 1
             if first_seen and first_seen[index] is not None:
                 decision = decision._replace(dropped=DropReason.DUPLICATE, excluded=())
+            came = tracing.trace_headers(taken.message.headers())  # the call's trace, if any
             if log_topic is not None:
-                logged.append(self._log_record(taken, decision, first_seen, index))
+                logged.append(self._log_record(taken, decision, first_seen, index, came))
             if decision.dropped is not None:
                 dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
-                _routed_trace(taken, decision)
+                _routed_trace(came, decision)
                 continue
             first = decision.delivery
             names = [name for _, name in decision.keys]
             values = codec.delivery_values(first, names) if first is not None else []
-            trace = _routed_trace(taken, decision)
+            trace = _routed_trace(came, decision)
             for (key, name), value in zip(decision.keys, values, strict=True):
                 if parking is None or not parking(key, value, name, trace):
                     out.append(
@@ -417,6 +418,7 @@ class RouterHandler:
         decision: Routed,
         first_seen: list[int | None] | None,
         index: int,
+        trace: TraceHeaders,
     ) -> LogRecordValue:
         """The delivery log's record of the call ``decision`` is about (the common case, a call
         routed with no destination left out, as its arguments: written with its batch). A
@@ -426,8 +428,9 @@ class RouterHandler:
         size = len(taken.message.value() or b"")
         at = int(time.time() * 1000)
         destinations = [name for _, name in decision.keys]
+        trace_id = (tracing.trace_id_of(trace) or "") if trace else ""
         if not self._log_bodies and decision.dropped is None and not decision.excluded:
-            return RoutedRecord(call, size, at, destinations)
+            return RoutedRecord(call, size, at, destinations, trace_id)
         body = None
         if self._log_bodies:
             first = decision.delivery
@@ -441,6 +444,7 @@ class RouterHandler:
             detail=_resend_detail(first_seen[index] if first_seen else None),
             excluded=[(name, reason.value) for name, reason in decision.excluded],
             body=None if body is None else body.decode(),
+            trace_id=trace_id,
         )
 
     async def aclose(self) -> None:
@@ -453,10 +457,9 @@ class RouterHandler:
         await asyncio.to_thread(self._threads.shutdown, True)
 
 
-def _routed_trace(taken: ConsumedRecord, decision: Routed) -> TraceHeaders:
+def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:
     """The trace context of the delivery records ``decision`` makes: its routing span's, when it
-    makes one (ended at once), else the call's as it came (empty: none)."""
-    trace = tracing.trace_headers(taken.message.headers())
+    makes one (ended at once), else the call's as it came (``trace``; empty: none)."""
     if not trace or not tracing.recording(trace):
         return trace
     call = decision.call

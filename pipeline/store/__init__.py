@@ -32,7 +32,7 @@ from ._schema import SCHEMA_VERSION
 from ._store import LogStore
 from ._url import masked_url
 from ._writer import LogWrite
-from .format import format_log, format_stats, format_trace
+from .format import format_log, format_stats, format_trace, trace_link
 
 __all__ = [
     "FAILED",
@@ -51,6 +51,7 @@ __all__ = [
     "format_log",
     "format_stats",
     "format_trace",
+    "trace_link",
     "masked_url",
     "open_store",
 ]

@@ -82,6 +82,7 @@ def _plain(record: LogRecord) -> bool:
     parts += [record.user_id or "", record.anonymous_id or "", record.event or ""]
     for e in record.entries:
         parts += (e.destination, e.reason, e.url, e.error, e.response, e.replay_id, e.body or "")
+        parts.append(e.trace_id)
         parts += e.destinations
     text = "".join(parts)
     return text.isascii() and "\x00" not in text
@@ -120,6 +121,8 @@ def entry_detail(entry: LogEntry, clean: Callable[[str], str] = clean) -> str | 
         detail["replay_id"] = clean(entry.replay_id)
     if entry.body is not None:
         detail["body"] = clean(entry.body)
+    if entry.trace_id:
+        detail["trace_id"] = clean(entry.trace_id)
     return orjson.dumps(detail).decode() if detail else None
 
 

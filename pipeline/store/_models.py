@@ -130,7 +130,7 @@ def entry_json(entry: LogEntry) -> Json:
         found["destination"] = entry.destination
     if entry.destinations:
         found["destinations"] = list(entry.destinations)
-    for name in ("reason", "url", "error", "response", "replay_id"):
+    for name in ("reason", "url", "error", "response", "replay_id", "trace_id"):
         if value := getattr(entry, name):
             found[name] = value
     if entry.size:
@@ -167,9 +167,15 @@ class Trace:
     purged_at: int | None = None
     """When a deletion request for the call's user removed it (epoch ms of the request)."""
 
+    @property
+    def trace_id(self) -> str | None:
+        """The call's trace id (``received``), when it came with a trace context."""
+        return next((entry.trace_id for entry in self.entries if entry.trace_id), None)
+
     def as_json(self) -> Json:
         return {
             "message_id": self.message_id,
+            "trace_id": self.trace_id,
             "source": self.source,
             "call_type": self.call_type,
             "user_id": self.user_id,

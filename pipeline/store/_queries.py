@@ -324,4 +324,5 @@ def _entry(row: Row) -> LogEntry:
         response=extra.get("response", ""),
         replay_id=extra.get("replay_id", ""),
         body=extra.get("body"),
+        trace_id=extra.get("trace_id", ""),
     )

@@ -23,6 +23,7 @@ __all__ = [
     "format_log",
     "format_stats",
     "format_trace",
+    "trace_link",
     "held_users_json",
     "iso",
     "safe",
@@ -106,8 +107,9 @@ def _entry_line(entry: LogEntry) -> str:
     return "  " + "  ".join(parts)
 
 
-def format_trace(trace: Trace) -> str:
-    """A call's journey: who sent it, one line per entry, then where it stands per destination."""
+def format_trace(trace: Trace, trace_url_template: str | None = None) -> str:
+    """A call's journey: who sent it, one line per entry, then where it stands per destination;
+    its trace id, with its link (``trace_url_template``) if there is one."""
     if trace.purged_at is not None and not trace.entries:
         return (
             f"message {safe(trace.message_id)}: removed by a deletion request for its user "
@@ -122,6 +124,10 @@ def format_trace(trace: Trace) -> str:
     if trace.anonymous_id is not None:
         who.append(f"anonymous {safe(trace.anonymous_id)}")
     lines = [f"message {safe(trace.message_id)}: " + ", ".join(who)]
+    if trace.trace_id is not None:
+        lines.append(f"trace {safe(trace.trace_id)}")
+        if trace_url_template:
+            lines[-1] += f"  {trace_link(trace_url_template, trace.trace_id)}"
     lines += [_entry_line(entry) for entry in trace.entries]
     if trace.destinations:
         lines.append("state:")
@@ -139,6 +145,14 @@ def format_trace(trace: Trace) -> str:
     if trace.purged_at is not None:
         lines.append(f"removed by a deletion request at {_time(trace.purged_at)}")
     return "\n".join(lines)
+
+
+def trace_link(template: str, trace_id: str) -> str:
+    """Where trace ``trace_id`` is seen (``PIPELINE_TRACE_URL_TEMPLATE``); a trace id that is not
+    32 hex digits (not one a W3C context carries) goes in percent-encoded."""
+    from urllib.parse import quote
+
+    return template.replace("{trace_id}", quote(trace_id, safe=""))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int]) -> str:

@@ -84,7 +84,12 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
 
     answer = httpx.post(
         f"{url}/v1/track",
-        json={"userId": "u1", "event": "Signed Up", "properties": {"note": BODY_MARKER}},
+        json={
+            "userId": "u1",
+            "event": "Signed Up",
+            "messageId": "m-traced",
+            "properties": {"note": BODY_MARKER},
+        },
         auth=("wk", ""),
         headers={"traceparent": f"00-{TRACE_ID}-{SENDER_SPAN}-01", "tracestate": "vendor=1"},
     )
@@ -141,6 +146,11 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
     got = receiver.requests[-1].headers
     assert got["traceparent"] == f"00-{TRACE_ID}-{delivered.span_id}-01"
     assert got["tracestate"] == "vendor=1"
+
+    # The delivery log keeps the trace id: ``pipeline trace`` shows it, linked by the template.
+    jaeger = {"PIPELINE_TRACE_URL_TEMPLATE": "http://jaeger.test:16686/trace/{trace_id}"}
+    line = f"trace {TRACE_ID}  http://jaeger.test:16686/trace/{TRACE_ID}"
+    wait_for(lambda: line in run_cli(settings, "trace", "m-traced", env=jaeger).stdout, timeout=30)
 
     # No span holds the shared secret, a config header's value or the body.
     for span in collector.spans:
@@ -205,3 +215,53 @@ def test_a_dead_letter_replay_and_a_range_replay_go_on_in_the_calls_trace(
         f"00-{TRACE_ID}-{second.span_id}-01",
         f"00-{TRACE_ID}-{third.span_id}-01",
     ]
+
+
+def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_kafka(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    collector: Collector,
+) -> None:
+    """Our client takes the active span's context when a call is made: over HTTP the request
+    carries it (the calls of a request share it), over Kafka each record does."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from pipeline.client import Client
+
+    receiver = receiver_factory()
+    apply(settings, simple_config(receiver.url))
+    url, _ = run_pipeline(settings, process_factory, collector)
+    tracer = TracerProvider().get_tracer("the application")
+    sent: dict[str, tuple[str, str]] = {}  # transport → (trace id, span id) of the app's span
+    clients = {
+        "http": Client("wk", endpoint=url, flush_at=1),
+        "kafka": Client(
+            "wk",
+            bootstrap_servers=settings.bootstrap_servers,
+            topic_prefix=settings.topic_prefix,
+            source_id="web",
+            flush_at=1,
+        ),
+    }
+    for name, client in clients.items():
+        with tracer.start_as_current_span(f"checkout over {name}") as span:
+            context = span.get_span_context()
+            sent[name] = (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+            client.track(user_id="u1", event="Checked Out", message_id=f"m-{name}")
+        client.flush()
+        client.close()
+
+    wait_for(lambda: len(receiver.delivered()) == 2, timeout=60)
+    for name, (trace_id, app_span) in sent.items():
+        wait_for(lambda t=trace_id: named(collector.of_trace(t), "POST"), timeout=30)
+        spans = collector.of_trace(trace_id)
+        print(f"\n{name}:\n" + tree(spans))
+        (route,) = named(spans, "route track")
+        if name == "http":
+            (ingest,) = named(spans, "POST /v1/batch")
+            assert ingest.parent_id == app_span and route.parent_id == ingest.span_id
+        else:
+            assert route.parent_id == app_span  # no ingestion: the record carried it
+        (got,) = [r for r in receiver.requests if r.json["messageId"] == f"m-{name}"]
+        assert got.headers["traceparent"].split("-")[1] == trace_id

@@ -20,7 +20,7 @@ from pipeline.core.render import render_body
 from pipeline.core.timestamps import now_ms, parse_when
 from pipeline.http.console._page import Views, redirect, session_of
 from pipeline.ops.dlq import DlqFilter, list_dead_letters
-from pipeline.store import LOG_STATES, LogQuery
+from pipeline.store import LOG_STATES, LogQuery, trace_link
 
 __all__ = ["MessageViews"]
 
@@ -85,8 +85,17 @@ class MessageViews(Views):
     async def trace(self, request: web.Request) -> web.Response:
         message_id = request.match_info["message_id"]
         found = await self.console.query(lambda store: store.trace(message_id))
+        template = self.console.settings.trace_url_template
+        link = None
+        if found is not None and found.trace_id is not None and template:
+            link = trace_link(template, found.trace_id)
         return self._page(
-            request, "trace.html", status=200 if found else 404, trace=found, message_id=message_id
+            request,
+            "trace.html",
+            status=200 if found else 404,
+            trace=found,
+            message_id=message_id,
+            trace_link=link,
         )
 
     # ---- dead letters ---------------------------------------------------------------------------

@@ -180,3 +180,13 @@ def test_replace_validates_and_keeps_the_rest() -> None:
 def test_settings_are_frozen() -> None:
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         Settings().partitions = 3  # type: ignore[misc]
+
+
+def test_the_trace_url_template_is_an_http_url_with_the_trace_id_in_it() -> None:
+    jaeger = "http://localhost:16686/trace/{trace_id}"
+    assert Settings.from_env({"PIPELINE_TRACE_URL_TEMPLATE": jaeger}).trace_url_template == jaeger
+    assert Settings.from_env({}).trace_url_template is None
+    with pytest.raises(ValueError, match="PIPELINE_TRACE_URL_TEMPLATE.*must hold \\{trace_id\\}"):
+        Settings.from_env({"PIPELINE_TRACE_URL_TEMPLATE": "http://localhost:16686/trace/"})
+    with pytest.raises(ValueError, match="PIPELINE_TRACE_URL_TEMPLATE.*http:// or https://"):
+        Settings.from_env({"PIPELINE_TRACE_URL_TEMPLATE": "javascript:alert('{trace_id}')"})

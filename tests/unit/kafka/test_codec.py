@@ -516,3 +516,26 @@ def test_a_record_of_another_schema_is_undecodable(codec: Codec) -> None:
 
 def test_default_codec_is_shared() -> None:
     assert Codec.default() is Codec.default()
+
+
+@pytest.mark.parametrize("name", ["LogBatch", "LogRecord"])
+def test_the_delivery_log_written_before_trace_ids_still_decodes(codec: Codec, name: str) -> None:
+    """schemas/history/log_batch.v1.avsc and log_record.v1.avsc predate an entry's traceId."""
+    import io
+
+    import fastavro
+
+    from pipeline.core.log_entries import LogKind, entry, log_record
+    from pipeline.kafka.codec import MAGIC, _fingerprint, schema_dir
+    from pipeline.kafka.log_reading import decode_log_records
+
+    stem = "log_batch.v1" if name == "LogBatch" else "log_record.v1"
+    old = fastavro.parse_schema(json.loads((schema_dir() / "history" / f"{stem}.avsc").read_text()))
+    received = entry(LogKind.RECEIVED, 5, size=10)
+    del received["traceId"]
+    record = log_record("m1", "web", "track", [received])
+    out = io.BytesIO()
+    out.write(MAGIC + _fingerprint(old))
+    fastavro.schemaless_writer(out, old, {"records": [record]} if name == "LogBatch" else record)
+    (decoded,) = decode_log_records(codec, out.getvalue())
+    assert decoded["entries"] == [{**received, "traceId": ""}]

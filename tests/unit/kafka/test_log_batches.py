@@ -191,6 +191,7 @@ _OPTIONAL = st.none() | st.text(min_size=1, max_size=80) | st.sampled_from(["x" 
     at=st.integers(0, 2**62),
     received=st.integers(0, 2**62),
     destinations=st.lists(_TEXT, max_size=5),
+    trace_id=st.just("") | st.just("4bf92f3577b34da6a3ce929d0e0e4736") | _TEXT,
 )
 def test_a_routed_body_is_the_codecs_bytes(
     message_id: str,
@@ -202,6 +203,7 @@ def test_a_routed_body_is_the_codecs_bytes(
     at: int,
     received: int,
     destinations: list[str],
+    trace_id: str,
 ) -> None:
     call = Call(
         CallType.TRACK if event else CallType.IDENTIFY,
@@ -214,10 +216,10 @@ def test_a_routed_body_is_the_codecs_bytes(
         event=event,
     )
     expected = CODEC.encode(
-        "LogRecord", call_log_record(call, size, at, destinations=destinations)
+        "LogRecord", call_log_record(call, size, at, destinations=destinations, trace_id=trace_id)
     )[CODEC_HEADER:]
-    assert routed_log_body(call, size, at, destinations) == expected
-    assert routed_log_body(call, size, at, destinations) == expected  # its pieces remembered
+    assert routed_log_body(call, size, at, destinations, trace_id) == expected
+    assert routed_log_body(call, size, at, destinations, trace_id) == expected  # pieces kept
 
 
 _RESULT = st.builds(
@@ -347,6 +349,7 @@ _ENTRY = st.builds(
             "response": _ANY_TEXT,
             "replayId": _ANY_TEXT,
             "body": st.none() | _ANY_TEXT,
+            "traceId": _ANY_TEXT,
         },
     ),
 )
@@ -387,13 +390,15 @@ def test_the_hot_bodies_read_back_as_the_codec_reads_them(
     before = Delivery("m1", "d", "web", "track", b"{}", 1)
     bodies = [
         routed_log_body(call, 10, 6, destinations),
+        routed_log_body(call, 10, 6, destinations, "4bf92f3577b34da6a3ce929d0e0e4736"),
         delivered_log_body(before, results, 7.0, 7.5),
     ]
     ((_, _, value),) = log_batch_records(CODEC, "t.log", bodies)
     read = read_log_batch(CODEC, value)
     assert read == typed(value)
     requested = sum(result.failure is not Failure.CIRCUIT_OPEN for result in results)
-    assert read is not None and [len(r.entries) for r in read] == [2, requested + 1]
+    assert read is not None and [len(r.entries) for r in read] == [2, 2, requested + 1]
+    assert read[1].entries[0].trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_blocks_with_a_negative_count_are_read() -> None:

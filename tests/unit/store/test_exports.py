@@ -22,6 +22,7 @@ EXPECTED = {
     "format_log",
     "format_stats",
     "format_trace",
+    "trace_link",
     "masked_url",
     "open_store",
 }

@@ -353,3 +353,18 @@ def test_safe():
     assert safe("x" * 200) == "x" * 120 + "…"
     assert safe(None) == ""
     assert safe(replace(journey(), user_id="u").user_id) == "u"
+
+
+def test_a_traced_call_shows_its_trace_id_and_its_link_when_there_is_a_template():
+    tid = "4bf92f3577b34da6a3ce929d0e0e4736"
+    trace = Trace(
+        "m1", "web", "track", None, None, None, (LogEntry(LogKind.RECEIVED, T0, trace_id=tid),), ()
+    )
+    assert trace.trace_id == tid and trace.as_json()["trace_id"] == tid
+    assert format_trace(trace).split("\n")[1] == f"trace {tid}"
+    template = "https://tempo.example/explore?trace={trace_id}&x=1"
+    assert format_trace(trace, template).split("\n")[1] == (
+        f"trace {tid}  https://tempo.example/explore?trace={tid}&x=1"
+    )
+    untraced = Trace("m1", "web", "track", None, None, None, (LogEntry(LogKind.RECEIVED, T0),), ())
+    assert untraced.trace_id is None and "trace" not in format_trace(untraced, template)
