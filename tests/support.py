@@ -161,8 +161,12 @@ class Receiver:
 
     def delivered(self) -> list[Any]:
         """Bodies of the requests this receiver answered with a 2xx."""
+        return [r.json for r in self.delivered_requests()]
+
+    def delivered_requests(self) -> list[Request]:
+        """The requests this receiver answered with a 2xx."""
         with self.lock:
-            return [r.json for r in self.requests if isinstance(r.answer, int) and r.answer < 300]
+            return [r for r in self.requests if isinstance(r.answer, int) and r.answer < 300]
 
 
 class ServerThread:

@@ -1,6 +1,7 @@
 """The delivery wing's spans (``pipeline.runtime.tracing``): the wait a record had in a retry
 tier, from when it was written there to when it is taken up again (a retry's wait, or a park's,
-named by its reason in ``WAIT_HEADER``). The attempts' spans are the sender's
+named by its reason in ``WAIT_HEADER``), and the wait of an ordered destination's call behind an
+earlier call of its user (``held_wait``). The attempts' spans are the sender's
 (``pipeline.http.request_tracing``).
 
 A record's trace context stays as the router made it (its routing span's) through every tier:
@@ -13,7 +14,7 @@ from typing import Any
 
 from pipeline.runtime import tracing
 
-__all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited"]
+__all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited", "held_wait"]
 
 #: The header of a record in a retry tier saying why it waits there: ``retry``, or the reason it
 #: was parked (``pipeline.core.admission.ParkReason``).
@@ -44,6 +45,28 @@ def waited(message: Any, tier: int, destination: str, now: float) -> None:
         attributes={
             "pipeline.wait.reason": reason,
             "pipeline.retry.tier": tier,
+            "pipeline.destination": destination,
+        },
+        start_time=min(stamp / 1000, now),
+    )
+    span.end(end_time=int(now * 1e9))
+
+
+def held_wait(message: Any, destination: str, blocker: str, now: float) -> None:
+    """The span of the wait a call of an ordered destination had behind an earlier call of its
+    user (``blocker``), from when it was queued (``message``'s time) to ``now``."""
+    trace = tracing.trace_headers(message.headers())
+    if not trace or not tracing.recording(trace):
+        return
+    _, stamp = message.timestamp()
+    if stamp <= 0:
+        return
+    span = tracing.start_span(
+        "wait (held user)",
+        tracing.parent_context(trace),
+        attributes={
+            "pipeline.wait.reason": "held_user",
+            "pipeline.held_behind": blocker,
             "pipeline.destination": destination,
         },
         start_time=min(stamp / 1000, now),

@@ -6,6 +6,7 @@ state (``pipeline.kafka.partition_state``, changelog ``state.ordering.changelog`
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -34,6 +35,7 @@ __all__ = [
     "hold_change",
     "unhold_change",
     "queue_change",
+    "queued_call",
     "unqueue_change",
     "release_record",
     "release_of",
@@ -128,9 +130,34 @@ def unhold_change(key: bytes, hold: Hold) -> Change:
     return (_held_key(key), None, -_counted(hold.blocker))
 
 
-def queue_change(key: bytes, offset: int, value: bytes) -> Change:
-    """The call at ``offset`` of ``deliveries`` (its value as consumed) queued behind the hold."""
-    return (_queued_key(key, offset), encode_value(_now_ms(), value), 0)
+def queue_change(key: bytes, offset: int, value: bytes, traceparent: bytes = b"") -> Change:
+    """The call at ``offset`` of ``deliveries`` (its value as consumed; ``traceparent``: its trace
+    context, if any) queued behind the hold."""
+    now = _now_ms()
+    return (_queued_key(key, offset), encode_value(now, _stored(value, traceparent, now)), 0)
+
+
+#: A queued call stored with its trace context starts with this byte (a record's value never
+#: does: Avro's single-object header is C3 01, Confluent's wire format starts with 0), then the
+#: time it was queued (8 bytes, epoch ms), the traceparent's length (1 byte), the traceparent.
+_TRACED = b"\xff"
+_QUEUED_AT = struct.Struct(">qB")
+
+
+def _stored(value: bytes, traceparent: bytes, now: int) -> bytes:
+    if not traceparent or len(traceparent) > 255:
+        return value
+    return _TRACED + _QUEUED_AT.pack(now, len(traceparent)) + traceparent + value
+
+
+def queued_call(stored: bytes) -> tuple[bytes, bytes, int]:
+    """A queued call as ``Holds.queued`` gives it: (its value, its traceparent or ``b""``, when it
+    was queued (epoch ms; 0: not known))."""
+    if not stored.startswith(_TRACED):
+        return stored, b"", 0
+    at, length = _QUEUED_AT.unpack_from(stored, 1)
+    start = 1 + _QUEUED_AT.size
+    return stored[start + length :], stored[start : start + length], at
 
 
 def unqueue_change(state_key: bytes) -> Change:
@@ -190,7 +217,7 @@ class Holds:
         self, partition: int, key: bytes, limit: int | None = None
     ) -> list[tuple[bytes, int, bytes]]:
         """The user's queued calls, oldest first (the first ``limit``): (state key, offset on
-        ``deliveries``, value)."""
+        ``deliveries``, the call as stored: ``queued_call`` reads it)."""
         prefix = _queue_prefix(key)
         found = []
         for state_key, (_, value) in self.state.scan(partition, prefix, _now_ms(), limit):

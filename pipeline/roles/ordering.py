@@ -53,6 +53,7 @@ from pipeline.kafka.log_batches import LogRecordValue, log_batch_records
 from pipeline.kafka.producer import Producing
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_decisions import Concluded
+from pipeline.roles.delivery_tracing import held_wait
 from pipeline.roles.holds import (
     MORE,
     SPILLED,
@@ -63,13 +64,15 @@ from pipeline.roles.holds import (
     Release,
     hold_change,
     queue_change,
+    queued_call,
     release_of,
     release_record,
     unhold_change,
     unqueue_change,
 )
-from pipeline.roles.parking import PartMessage
+from pipeline.roles.parking import Headers, PartMessage
 from pipeline.runtime import metrics
+from pipeline.runtime.tracing import TRACEPARENT, trace_headers
 
 __all__ = ["Lanes", "Deliverer"]
 
@@ -265,7 +268,9 @@ class Lanes:
         logged: list[LogRecordValue] = []
         now = _now_ms()
         for consumed, record in items:
-            queued.append(queue_change(key, consumed.offset, consumed.message.value() or b""))
+            value = consumed.message.value() or b""
+            traceparent = dict(trace_headers(consumed.message.headers())).get(TRACEPARENT, b"")
+            queued.append(queue_change(key, consumed.offset, value, traceparent))
             if self._log_on and hold.blocker != SPILLED:
                 logged.append(held_log_record(record, now, hold.blocker))
         if await self._commit(items[0][0], queued, loop, out=out, logged=logged):
@@ -327,6 +332,7 @@ class Lanes:
                 out += record.out
                 logged += _listed(record.logged)
                 continue
+            held_wait(part.message, record.destination_id, hold.blocker, time.time())
             decided = await self._decided(part, record)
             if decided is None:
                 return  # the worker stops: the release is read again after a restart
@@ -450,11 +456,14 @@ class Lanes:
         self.holds.close()
 
 
-def _stand_in(consumed: ConsumedRecord, key: bytes, offset: int, value: bytes) -> ConsumedRecord:
+def _stand_in(consumed: ConsumedRecord, key: bytes, offset: int, stored: bytes) -> ConsumedRecord:
     """A queued call as a record consumed at its own offset of ``consumed``'s partition (what its
-    decode and its dead letter read); it is finished with the record that released it."""
+    decode and its dead letter read; its trace context, and when it was queued as its time); it
+    is finished with the record that released it."""
+    value, traceparent, at = queued_call(stored)
+    headers: Headers = [(TRACEPARENT, traceparent)] if traceparent else []
     stand_in = ConsumedRecord.__new__(ConsumedRecord)
-    stand_in.message = PartMessage(key, value, [])  # type: ignore[assignment]
+    stand_in.message = PartMessage(key, value, headers, (1, at))  # type: ignore[assignment]
     stand_in.key = consumed.key
     stand_in.offset = offset
     stand_in._partition = consumed._partition

@@ -60,6 +60,7 @@ __all__ = [
     "SCHEDULE_HEADER",
     "PARTS_HEADER",
     "PARTS_TRACE_HEADER",
+    "Headers",
     "trace_of",
     "MAX_BYTES",
     "AT_ROUTING",

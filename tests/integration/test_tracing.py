@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SENDER_SPAN = "00f067aa0ba902b7"
+LATER_TRACE_ID = "5c0a2e8f6d6b4f0c9a1b2c3d4e5f6a7b"
 SECRET = "whsec_tracing-secret-0123456789"
 HEADER_VALUE = "key-in-a-config-header-42"
 BODY_MARKER = "body-marker-never-in-a-span"
@@ -76,6 +77,7 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
     quiet = receiver_factory()  # a destination whose requests carry no trace context
     config = simple_config(receiver.url, secret=SECRET)
     config["destinations"][0]["webhooks"][0]["headers"] = {"X-Api-Key": HEADER_VALUE}
+    config["destinations"][0]["ordering"] = "per_user"  # the user's next call waits behind it
     config["destinations"].append(
         {**simple_config(quiet.url)["destinations"][0], "id": "quiet", "trace_context": False}
     )
@@ -94,8 +96,15 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
         headers={"traceparent": f"00-{TRACE_ID}-{SENDER_SPAN}-01", "tracestate": "vendor=1"},
     )
     assert answer.status_code == 200
+    later = httpx.post(
+        f"{url}/v1/track",
+        json={"userId": "u1", "event": "Upgraded", "messageId": "m-later"},
+        auth=("wk", ""),
+        headers={"traceparent": f"00-{LATER_TRACE_ID}-{SENDER_SPAN}-01"},
+    )
+    assert later.status_code == 200
 
-    wait_for(lambda: receiver.delivered(), timeout=60)
+    wait_for(lambda: len(receiver.delivered()) == 2, timeout=60)
     wanted = {"POST /v1/track", "route track", "wait (retry)"}
 
     def whole() -> bool:
@@ -143,9 +152,20 @@ def test_one_call_is_one_trace_from_the_sender_through_a_retry_to_the_receiver(
     assert waited.end - waited.start >= 500_000_000
 
     # The receiver got the trace: the delivered attempt's span as the parent.
-    got = receiver.requests[-1].headers
+    (got,) = [r.headers for r in receiver.delivered_requests() if r.json["messageId"] == "m-traced"]
     assert got["traceparent"] == f"00-{TRACE_ID}-{delivered.span_id}-01"
     assert got["tracestate"] == "vendor=1"
+
+    # The user's later call waited behind it: that wait is in the later call's trace.
+    wait_for(lambda: named(collector.of_trace(LATER_TRACE_ID), "wait (held user)"), timeout=30)
+    later_spans = collector.of_trace(LATER_TRACE_ID)
+    print("\n" + tree(later_spans))
+    (held,) = named(later_spans, "wait (held user)")
+    assert held.attributes["pipeline.held_behind"] == "m-traced"
+    assert held.end - held.start >= 500_000_000  # about the first call's retry delay
+    assert held.end <= max(s.start for s in named(later_spans, "POST")) + 50_000_000
+    (later_got,) = [r for r in receiver.requests if r.json["messageId"] == "m-later"]
+    assert later_got.headers["traceparent"].split("-")[1] == LATER_TRACE_ID
 
     # The delivery log keeps the trace id: ``pipeline trace`` shows it, linked by the template.
     jaeger = {"PIPELINE_TRACE_URL_TEMPLATE": "http://jaeger.test:16686/trace/{trace_id}"}

@@ -23,6 +23,7 @@ from pipeline.roles.holds import (
     Release,
     hold_change,
     queue_change,
+    queued_call,
     release_of,
     release_record,
     unhold_change,
@@ -156,3 +157,14 @@ def test_release_records_name_the_call_and_read_back() -> None:
 
 def _none() -> Any:
     raise AssertionError("nothing was taken")
+
+
+def test_a_queued_call_keeps_its_trace_context_and_when_it_was_queued() -> None:
+    traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    avro = b"\xc3\x01" + b"\x00" * 8 + b"the call"
+    (_, traced, _) = queue_change(KEY, 1, avro, traceparent)
+    (_, plain, _) = queue_change(KEY, 2, avro)
+    assert traced is not None and plain is not None
+    value, found, at = queued_call(traced[8:])  # past the state's own time
+    assert (value, found) == (avro, traceparent) and at > 0
+    assert queued_call(plain[8:]) == (avro, b"", 0)  # as written before trace contexts
