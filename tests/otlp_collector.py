@@ -32,6 +32,7 @@ class ExportedSpan:
     attributes: dict[str, Any]
     events: list[str]
     error: bool
+    links: list[tuple[str, str]]  # (trace id, span id) of each linked span
 
     def values(self) -> list[str]:
         """Every attribute value, as text (lists joined)."""
@@ -77,6 +78,7 @@ class Collector:
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             events=[event.name for event in span.events],
                             error=span.status.code == 2,
+                            links=[(k.trace_id.hex(), k.span_id.hex()) for k in span.links],
                         )
                     )
         with self.lock:

@@ -34,6 +34,8 @@ from pipeline.kafka.consumer_loop import ConsumedRecord, Progress
 from pipeline.kafka.errors import Produced
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.roles.delivery_decisions import Concluded, Logged, Sender, Start
+from pipeline.roles.delivery_tracing import batch_span
+from pipeline.runtime import tracing
 
 __all__ = ["Batches", "BatchOwner", "Gathered", "aligned"]
 
@@ -197,13 +199,21 @@ class Batches:
         ident = batch_id()
         body = batch_body([call.start.record.body for call in calls])
         final = any(call.start.final for call in calls)
+        label = batch_label(ident, len(calls))
+        span = None
+        if tracing.enabled():
+            traces = [tracing.trace_headers(call.consumed.message.headers()) for call in calls]
+            span = batch_span(traces, label, destination.id)
+        trace = () if span is None else tracing.headers_of(span)
         try:
             # The sender takes the batch's turn under the destination's pace: one a request.
-            results = await self._sender.attempt(destination, body, ident, final=final)
+            results = await self._sender.attempt(destination, body, ident, final=final, trace=trace)
         except Exception as exc:  # a bug must neither lose the calls nor stall them
             return [owner.failed(call.consumed, call.start.record, exc) for call in calls]
+        finally:
+            if span is not None:
+                span.end()
         finished = time.time()
-        label = batch_label(ident, len(calls))
         conclusions: list[Conclusion | Concluded] = []
         for call in calls:
             try:

@@ -1,8 +1,8 @@
 """The delivery wing's spans (``pipeline.runtime.tracing``): the wait a record had in a retry
 tier, from when it was written there to when it is taken up again (a retry's wait, or a park's,
 named by its reason in ``WAIT_HEADER``), and the wait of an ordered destination's call behind an
-earlier call of its user (``held_wait``). The attempts' spans are the sender's
-(``pipeline.http.request_tracing``).
+earlier call of its user (``held_wait``); a batching destination's request (``batch_span``). The
+attempts' spans are the sender's (``pipeline.http.request_tracing``).
 
 A record's trace context stays as the router made it (its routing span's) through every tier:
 the waits and the attempts of a call are all children of its routing span, in the order they
@@ -10,11 +10,13 @@ happened."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pipeline.runtime import tracing
+from pipeline.runtime.tracing import Span, TraceHeaders
 
-__all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited", "held_wait"]
+__all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited", "held_wait", "batch_span"]
 
 #: The header of a record in a retry tier saying why it waits there: ``retry``, or the reason it
 #: was parked (``pipeline.core.admission.ParkReason``).
@@ -72,3 +74,28 @@ def held_wait(message: Any, destination: str, blocker: str, now: float) -> None:
         start_time=min(stamp / 1000, now),
     )
     span.end(end_time=int(now * 1e9))
+
+
+#: Calls a batch's span links to at most (the SDK keeps 128 links a span by default).
+MAX_LINKS = 128
+
+
+def batch_span(traces: Sequence[TraceHeaders], label: str, destination: str) -> Span | None:
+    """The span of a batch's request (a trace of its own, linked to the calls' traces it carries;
+    ``label``: ``batch_label``), and in each recorded call's trace a step linked to it, so each
+    trace shows which batch took the call. ``None`` when no call's trace is recorded here (the
+    request then carries no trace context: it would name one call of many)."""
+    recorded = [trace for trace in traces if trace and tracing.recording(trace)]
+    if not recorded:
+        return None
+    attributes = {"pipeline.destination": destination, "pipeline.batch": label}
+    span = tracing.start_span(
+        f"send {label}", None, attributes=attributes, links=recorded[:MAX_LINKS]
+    )
+    sent = tracing.headers_of(span)
+    for trace in recorded:
+        step = tracing.start_span(
+            f"sent in {label}", tracing.parent_context(trace), attributes=attributes, links=[sent]
+        )
+        step.end()
+    return span

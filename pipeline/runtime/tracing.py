@@ -196,17 +196,25 @@ def start_span(
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, Any] | None = None,
     start_time: float | None = None,
+    links: Sequence[TraceHeaders] = (),
 ) -> Span:
     """A span of ``parent`` (``None``: a new trace) started now or at ``start_time`` (epoch
-    seconds); the caller ends it. Only called when tracing is on."""
+    seconds), linked to the spans of ``links`` (trace contexts); the caller ends it. Only called
+    when tracing is on."""
     tracer = _state.tracer
     assert tracer is not None
+    linked = []
+    for headers in links:
+        context = parent_context(headers)
+        if context is not None:
+            linked.append(trace.Link(trace.get_current_span(context).get_span_context()))
     return tracer.start_span(
         name,
         context=parent,
         kind=kind,
         attributes=attributes,
         start_time=None if start_time is None else int(start_time * 1e9),
+        links=linked,
     )
 
 

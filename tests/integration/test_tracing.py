@@ -249,8 +249,16 @@ def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_k
 
     from pipeline.client import Client
 
-    receiver = receiver_factory()
-    apply(settings, simple_config(receiver.url))
+    receiver, batched = receiver_factory(), receiver_factory()
+    config = simple_config(receiver.url)
+    config["destinations"].append(
+        {
+            **simple_config(batched.url)["destinations"][0],
+            "id": "batched",
+            "batch": {"max_events": 2, "max_wait": "10s"},
+        }
+    )
+    apply(settings, config)
     url, _ = run_pipeline(settings, process_factory, collector)
     tracer = TracerProvider().get_tracer("the application")
     sent: dict[str, tuple[str, str]] = {}  # transport → (trace id, span id) of the app's span
@@ -272,10 +280,10 @@ def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_k
         client.flush()
         client.close()
 
-    wait_for(lambda: len(receiver.delivered()) == 2, timeout=60)
+    wait_for(lambda: len(receiver.delivered()) == 2 and batched.delivered(), timeout=60)
     for name, (trace_id, app_span) in sent.items():
         wait_for(lambda t=trace_id: named(collector.of_trace(t), "POST"), timeout=30)
-        spans = collector.of_trace(trace_id)
+        spans = [s for s in collector.of_trace(trace_id) if not s.name.startswith("sent in")]
         print(f"\n{name}:\n" + tree(spans))
         (route,) = named(spans, "route track")
         if name == "http":
@@ -285,3 +293,27 @@ def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_k
             assert route.parent_id == app_span  # no ingestion: the record carried it
         (got,) = [r for r in receiver.requests if r.json["messageId"] == f"m-{name}"]
         assert got.headers["traceparent"].split("-")[1] == trace_id
+
+    # The batching destination's one request for both: a trace of its own, linked to both
+    # calls' routing spans, each of which has a step linked back to it.
+    def batch_spans() -> list[ExportedSpan]:
+        with collector.lock:
+            return [s for s in collector.spans if s.name.startswith("send batch_")]
+
+    (batch,) = wait_for(batch_spans, timeout=30)
+    assert batch.name.endswith(" of 2 calls") and batch.parent_id == ""
+    assert {trace_id for trace_id, _ in batch.links} == {t for t, _ in sent.values()}
+    batch_trace = collector.of_trace(batch.trace_id)
+    print("\nbatch:\n" + tree(batch_trace))
+    (request,) = named(batch_trace, "POST")
+    assert request.parent_id == batch.span_id
+    # (a new root's flags say sampled, and that its id is random: 03)
+    assert batched.requests[0].headers["traceparent"].startswith(
+        f"00-{batch.trace_id}-{request.span_id}-"
+    )
+    for trace_id, _ in sent.values():
+        wait_for(
+            lambda t=trace_id: named(collector.of_trace(t), batch.name.replace("send", "sent in"))
+        )
+        (step,) = named(collector.of_trace(trace_id), batch.name.replace("send", "sent in"))
+        assert step.links == [(batch.trace_id, batch.span_id)]
