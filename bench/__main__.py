@@ -62,6 +62,10 @@ Sections (the issue's numbering):
 15. Batching: one worker, a destination with batches of 100 against the same one without (same
     run, alternated): calls delivered/s at the receiver, and the worker's CPU seconds per 1,000
     calls (``bench.batching``).
+16. Tracing: one worker, calls carrying a ``traceparent``: tracing off against calls without one,
+    and tracing on with 1 % and 100 % of the contexts sampled (exported to a stand-in OTLP
+    collector) against off (same run, alternated): deliveries/s, and the worker's CPU seconds per
+    1,000 calls (``bench.tracing``).
 """
 
 from __future__ import annotations
@@ -988,6 +992,12 @@ def section_batching(bench: Bench) -> None:
     run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
 
 
+def section_tracing(bench: Bench) -> None:
+    from .tracing import section_tracing as run
+
+    run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -1002,6 +1012,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "13": section_ordering,
     "14": section_pace,
     "15": section_batching,
+    "16": section_tracing,
 }
 
 

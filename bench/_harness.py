@@ -260,8 +260,9 @@ class Deployment:
         produce_all(self.settings, self.topics.calls, self.call_records(source, count))
 
 
-def produce_all(settings: Settings, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
-    """Produce every (key, value); return once Kafka acknowledged them all."""
+def produce_all(settings: Settings, topic: str, records: Iterable[tuple[Any, ...]]) -> int:
+    """Produce every (key, value) or (key, value, headers); return once Kafka acknowledged them
+    all."""
     producer = make_producer(settings, **{"linger.ms": 20})
     errors: list[str] = []
 
@@ -270,10 +271,12 @@ def produce_all(settings: Settings, topic: str, records: Iterable[tuple[bytes, b
             errors.append(error.str())
 
     count = 0
-    for key, value in records:
+    for record in records:
+        key, value = record[0], record[1]
+        headers = record[2] if len(record) > 2 else None
         while True:
             try:
-                producer.produce(topic, value, key, on_delivery=report)
+                producer.produce(topic, value, key, headers=headers, on_delivery=report)
                 break
             except BufferError:
                 producer.poll(0.05)

@@ -59,6 +59,7 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 PASSWORD = "correct horse battery staple"
 SECRET = "console-secret"
 HOSTILE = "<img src=x onerror=alert(1)>"
+TRACE_URL = "http://jaeger.test:16686/trace/{trace_id}"
 SCREENSHOTS = os.environ.get("PIPELINE_CONSOLE_SCREENSHOTS")
 
 
@@ -130,6 +131,7 @@ def pipeline(
         transactions=False,
         log_store_url=f"sqlite:///{tmp_path_factory.mktemp('log') / 'log.sqlite3'}",
         state_dir=str(tmp_path_factory.mktemp("state")),
+        trace_url_template=TRACE_URL,
     )
     create_topics(settings)
     servers = ServerThread()
@@ -599,6 +601,34 @@ def test_find_a_message_and_read_its_trace(page: Any, pipeline: Pipeline):
     page.fill("#message_id", message_id)
     page.click("#search")
     page.wait_for_url(re.compile(re.escape(message_id) + "$"))
+
+
+def test_a_traced_calls_page_links_its_trace(page: Any, pipeline: Pipeline):
+    """A call made inside an application's span (our client, straight to Kafka) is in that
+    trace: its page shows the trace id, linked by ``PIPELINE_TRACE_URL_TEMPLATE``."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from pipeline.client import Client
+
+    message_id = f"traced-{uuid.uuid4().hex[:8]}"
+    client = Client(
+        "wk_web",
+        bootstrap_servers=pipeline.settings.bootstrap_servers,
+        topic_prefix=pipeline.settings.topic_prefix,
+        source_id="web",
+        flush_at=1,
+    )
+    with TracerProvider().get_tracer("app").start_as_current_span("sign-up") as span:
+        client.track(user_id="traced-user", event="Signed Up", message_id=message_id)
+    client.flush()
+    client.close()
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+
+    login(page, f"/messages/{message_id}")
+    link = page.locator("dd.trace-id a")
+    wait_for(lambda: page.reload() and link.count() == 1, timeout=30)  # once the store has it
+    expect(link).to_have_text(trace_id)
+    expect(link).to_have_attribute("href", TRACE_URL.replace("{trace_id}", trace_id))
 
 
 # ---- dead letters -------------------------------------------------------------------------------

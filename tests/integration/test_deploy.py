@@ -151,8 +151,10 @@ def test_compose_services_images_healthchecks_and_restart_policies(compose):
         "prometheus",
         "grafana",
         "postgres",
+        "jaeger",
     }
     assert svc["postgres"]["image"].startswith("postgres:")
+    assert svc["jaeger"]["image"].startswith("jaegertracing/jaeger:")
     assert svc["kafka"]["image"].startswith("apache/kafka:")
     assert svc["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert svc["schema-registry"]["image"].startswith("confluentinc/cp-schema-registry:")
@@ -279,6 +281,15 @@ def test_compose_environment_wires_kafka_registry_and_the_receiver_allowlist(com
             str(registry.port) in svc["schema-registry"]["environment"]["SCHEMA_REGISTRY_LISTENERS"]
         ), name
         Settings.from_env({k: str(v) for k, v in env.items()})  # every value parses
+        # Every role exports its traces to Jaeger (OTLP over HTTP), and the OTEL_* parse.
+        otlp = urllib.parse.urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        assert (otlp.hostname, otlp.port) == ("jaeger", 4318), name
+        from pipeline.runtime import tracing
+
+        try:
+            assert tracing.configure(name, {k: str(v) for k, v in interpolate(env).items()})
+        finally:
+            tracing.configure(name, {})
     # Deliveries may reach the demo receiver's address (the SSRF guard blocks private ones).
     subnet = ipaddress.ip_network(compose["networks"]["default"]["ipam"]["config"][0]["subnet"])
     receiver_ip = ipaddress.ip_address(svc["receiver"]["networks"]["default"]["ipv4_address"])

@@ -308,8 +308,10 @@ def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_k
     (request,) = named(batch_trace, "POST")
     assert request.parent_id == batch.span_id
     # (a new root's flags say sampled, and that its id is random: 03)
-    assert batched.requests[0].headers["traceparent"].startswith(
-        f"00-{batch.trace_id}-{request.span_id}-"
+    assert (
+        batched.requests[0]
+        .headers["traceparent"]
+        .startswith(f"00-{batch.trace_id}-{request.span_id}-")
     )
     for trace_id, _ in sent.values():
         wait_for(
