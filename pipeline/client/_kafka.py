@@ -104,7 +104,7 @@ class _KafkaRecords:
             record["receivedAt"] = record["sentAt"] = now
             value = encode("Call", record)
             out.append(
-                (self.topic, call.key, value, item.trace)
+                (self.topic, call.key, value, list(item.trace))
                 if item.trace
                 else (self.topic, call.key, value)
             )

@@ -355,6 +355,10 @@ class _IngestService:
             if span is not None:
                 _ended(span, refused.status, refused.code.value)
             return self._answer(refused)
+        except BaseException:
+            if span is not None:  # a bug (or the server stopping): the span still ends
+                _ended(span, 500)
+            raise
         per_type: dict[CallType, int] = {}
         for call in calls:  # one counter update per type, not per call
             per_type[call.type] = per_type.get(call.type, 0) + 1
@@ -445,14 +449,17 @@ class _IngestService:
 
 
 def _passed_on(headers: Mapping[str, str]) -> tracing.TraceHeaders:
-    """A request's trace context, to pass on as it is (tracing off): none if it is not valid."""
-    if tracing.parent_context(headers) is None:
+    """A request's trace context, to pass on as it is (tracing off): none if it is not valid
+    (``tracing.cleaned``; aiohttp gives undecodable bytes as surrogates)."""
+    if tracing.TRACEPARENT not in headers:
         return []
-    return [
-        (name, headers[name].encode())
-        for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
-        if name in headers
-    ]
+    return tracing.cleaned(
+        [
+            (name, headers[name].encode("utf-8", "surrogateescape"))
+            for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
+            if name in headers
+        ]
+    )
 
 
 def _ended(span: tracing.Span, status: int, refused: str | None = None) -> None:

@@ -2,7 +2,7 @@
 
 The request carries its call's context in ``traceparent`` (and ``tracestate``): when the span is
 recorded here, the attempt's own HTTP client span (semantic conventions: ``http.request.method``,
-``url.full`` without its query, ``server.address``, ``server.port``,
+``url.full`` (its origin: no path, query or credentials), ``server.address``, ``server.port``,
 ``http.response.status_code``, ``error.type``, ``http.request.resend_count``); else the context
 as it came (tracing off, or a call whose trace is not sampled). A span never holds a header
 value, the body or the query string (where secrets travel)."""
@@ -23,7 +23,8 @@ Post = Callable[[dict[str, str]], Awaitable[UrlResult]]
 
 @lru_cache(maxsize=1024)
 def _url_attributes(url: str) -> dict[str, str | int]:
-    """The span attributes of ``url``: no query, fragment or credentials."""
+    """The span attributes of ``url``: its origin only. No path either: a webhook URL often
+    carries its secret there (Slack's ``/services/T…/B…/<token>``, Discord's)."""
     try:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -32,7 +33,7 @@ def _url_attributes(url: str) -> dict[str, str | int]:
         return {"url.full": "(invalid)"}
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return {
-        "url.full": f"{parts.scheme}://{netloc}{parts.path or '/'}",
+        "url.full": f"{parts.scheme}://{netloc}",
         "server.address": host,
         "server.port": port,
     }
@@ -52,7 +53,7 @@ async def traced_post(
     if not tracing.recording(trace):
         if not sent:
             return await post(headers)
-        return await post({**headers, **{name: value.decode() for name, value in trace}})
+        return await post({**headers, **{name: value.decode("latin-1") for name, value in trace}})
     span = tracing.start_span(
         "POST",
         tracing.parent_context(trace),

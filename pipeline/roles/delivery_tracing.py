@@ -39,7 +39,12 @@ def waited(message: Any, tier: int, destination: str, now: float) -> None:
     if stamp <= 0:
         return
     reason = next(
-        (value.decode() for name, value in headers if name == WAIT_HEADER and value), RETRY_WAIT
+        (
+            value.decode("ascii", "replace")
+            for name, value in headers
+            if name == WAIT_HEADER and isinstance(value, bytes) and value
+        ),
+        RETRY_WAIT,
     )
     span = tracing.start_span(
         f"wait ({reason})",

@@ -366,7 +366,7 @@ class RouterHandler:
             routed[decision.call_type] = routed.get(decision.call_type, 0) + 1
             if first_seen and first_seen[index] is not None:
                 decision = decision._replace(dropped=DropReason.DUPLICATE, excluded=())
-            came = tracing.trace_headers(taken.message.headers())  # the call's trace, if any
+            came = _came(taken)
             if log_topic is not None:
                 logged.append(self._log_record(taken, decision, first_seen, index, came))
             if decision.dropped is not None:
@@ -455,6 +455,13 @@ class RouterHandler:
         if self._dedupe is not None:
             self._dedupe.state.close()
         await asyncio.to_thread(self._threads.shutdown, True)
+
+
+def _came(taken: ConsumedRecord) -> TraceHeaders:
+    """The call's trace context, if it has one that may be passed on (``tracing.cleaned``: a
+    record on ``calls`` may come from any producer)."""
+    trace = tracing.trace_headers(taken.message.headers())
+    return tracing.cleaned(trace) if trace else trace
 
 
 def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:

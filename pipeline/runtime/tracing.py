@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "configure",
     "enabled",
     "trace_headers",
+    "cleaned",
     "recording",
     "parent_context",
     "start_span",
@@ -156,6 +158,26 @@ def trace_headers(headers: Any) -> TraceHeaders:
         for name, value in headers
         if (name == TRACEPARENT or name == TRACESTATE) and isinstance(value, bytes)
     ]
+
+
+#: A ``traceparent`` passed on as it came: version 00, exactly (W3C Trace Context).
+_TRACEPARENT = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+#: A ``tracestate`` passed on as it came: printable ASCII, within the W3C length.
+_TRACESTATE = re.compile(rb"[\x20-\x7e]{1,512}")
+
+
+def cleaned(trace: TraceHeaders) -> TraceHeaders:
+    """``trace`` as it may be passed on from outside (a request, a record someone else produced):
+    a ``traceparent`` of the W3C form, and its ``tracestate`` if printable; anything else is
+    dropped (the call goes on without it). What the pipeline carries is always this clean, so
+    that it can go into a request header and a parked batch's list as it is."""
+    parent = [value for name, value in trace if name == TRACEPARENT]
+    if len(parent) != 1 or not _TRACEPARENT.fullmatch(parent[0]):
+        return []
+    state = [value for name, value in trace if name == TRACESTATE]
+    if len(state) == 1 and _TRACESTATE.fullmatch(state[0]):
+        return [(TRACEPARENT, parent[0]), (TRACESTATE, state[0])]
+    return [(TRACEPARENT, parent[0])]
 
 
 def _sampled(traceparent: bytes) -> bool:

@@ -45,10 +45,18 @@ def call_value(raw: dict[str, Any]) -> bytes:
 
 
 def run(
-    values: list[bytes | None], codec: Any = CODEC, **options: Any
+    values: list[bytes | None],
+    codec: Any = CODEC,
+    headers: list[list[tuple[str, bytes]] | None] | None = None,
+    **options: Any,
 ) -> tuple[RouterHandler, FakeLoop, FakeProducer, list[Any]]:
     loop, producer = FakeLoop(), FakeProducer()
-    batch = [taken(TOPICS.calls, v, partition=1, offset=i) for i, v in enumerate(values)]
+    batch = [
+        taken(
+            TOPICS.calls, v, partition=1, offset=i, headers=(headers or [])[i] if headers else None
+        )
+        for i, v in enumerate(values)
+    ]
 
     async def go() -> RouterHandler:
         handler = RouterHandler(
@@ -438,3 +446,22 @@ def test_without_dedupe_a_resend_is_routed_again() -> None:
     track = {"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}
     _, _, producer, _ = run([call_value(track), call_value(track)])
     assert len([r for r in producer.sent if r[0] == TOPICS.deliveries]) == 4
+
+
+def test_a_calls_trace_context_goes_on_its_delivery_records_and_a_malformed_one_does_not() -> None:
+    """Tracing off: a valid ``traceparent`` is copied onto the call's delivery records as it
+    came; one that is not W3C (a record anyone may produce) is dropped, the call routed as any."""
+    good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    calls = [
+        call_value({"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}),
+        call_value({"type": "track", "event": "Order", "userId": "u2", "messageId": "m2"}),
+    ]
+    headers = [[("traceparent", good)], [("traceparent", good[:-2] + b"0\n")]]
+    _, _, producer, _ = run(calls, headers=headers)
+    traced = [r for r in producer.sent if r[0] == TOPICS.deliveries]
+    assert [r[3] if len(r) > 3 else None for r in traced] == [
+        [("traceparent", good)],
+        [("traceparent", good)],
+        None,
+        None,
+    ]

@@ -85,3 +85,30 @@ def test_only_the_trace_headers_of_a_record_are_kept_and_bad_ones_are_no_context
     assert tracing.trace_headers(None) == []
     assert tracing.parent_context({"traceparent": "00-nonsense"}) is None
     assert tracing.parent_context({}) is None
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        [("traceparent", b"00-\xff-00")],  # not text
+        [("traceparent", SAMPLED + b"\n")],  # a control character (no header takes it)
+        [("traceparent", SAMPLED.replace(b"-01", b"-01 x"))],  # a space (a parked batch's list)
+        [("traceparent", b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more")],
+        [("traceparent", b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01")],  # the invalid trace id
+        [("traceparent", SAMPLED.upper())],
+        [("traceparent", SAMPLED), ("traceparent", UNSAMPLED)],
+        [("tracestate", b"v=1")],  # no traceparent
+    ],
+)
+def test_a_context_from_outside_that_is_not_w3c_is_dropped(trace: list[tuple[str, bytes]]):
+    assert tracing.cleaned(trace) == []
+
+
+def test_a_valid_context_passes_and_a_bad_tracestate_alone_is_dropped() -> None:
+    assert tracing.cleaned([("traceparent", SAMPLED), ("tracestate", b"v=1,w=2")]) == [
+        ("traceparent", SAMPLED),
+        ("tracestate", b"v=1,w=2"),
+    ]
+    assert tracing.cleaned([("traceparent", SAMPLED), ("tracestate", b"a=\xff")]) == [
+        ("traceparent", SAMPLED)
+    ]
