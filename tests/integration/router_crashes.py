@@ -39,6 +39,7 @@ from tests.support import (
     ready,
     simple_config,
     started,
+    topic_ends,
     transactions_stall_is_expected,
     unique_delivered,
     wait_for,
@@ -207,6 +208,27 @@ def passed_unseen(settings: Settings, receiver: Receiver) -> list[int]:
     return sorted({partition for partition, _ in where.values()})
 
 
+def routed_never(settings: Settings, receiver: Receiver) -> int:
+    """How many calls the receiver lacks that are on no delivery record at all, although the
+    router group committed the end of ``calls``: routed in a transaction that was aborted (the
+    killed router's) while its consumed offsets counted. On Apache Kafka an aborted
+    transaction's offsets are aborted with it; tansu 0.6 was seen to keep them (CI: 94 calls).
+    0 when anything else explains the missing calls."""
+    missing = {f"m-{i}" for i in range(CALLS)} - {b["messageId"] for b in receiver.delivered()}
+    if not missing:
+        return 0
+    codec = Codec.default()
+    topics = topics_for(settings)
+    for record in read_topic(settings, topics.deliveries):
+        if codec.decode("Delivery", record.value())["messageId"] in missing:
+            return 0  # on the topic: not this fault
+    committed = group_positions(settings, "router", topics.calls)
+    ends = topic_ends(settings, topics.calls)
+    if any(committed.get(partition, 0) < end for partition, end in ends.items()):
+        return 0  # the router has not finished: not this fault
+    return len(missing)
+
+
 @contextmanager
 def tansu_transaction_faults_expected(settings: Settings, receiver: Receiver) -> Iterator[None]:
     """``transactions_stall_is_expected`` on the deliveries topic, and the same for records
@@ -221,5 +243,11 @@ def tansu_transaction_faults_expected(settings: Settings, receiver: Receiver) ->
                     "tansu 0.6 showed the deliver group's read_committed reader the deliveries "
                     f"topic without records it shows now (partitions {passed}); see "
                     "docs/decisions.md, Kafka"
+                )
+            lost = routed_never(settings, receiver)
+            if lost:
+                pytest.xfail(
+                    f"tansu 0.6 kept the consumed offsets of an aborted router transaction: {lost} "
+                    "calls routed in it were never routed again; see docs/decisions.md, Kafka"
                 )
             raise
