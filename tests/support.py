@@ -780,3 +780,19 @@ def delivery_log_entries(settings: Settings, kind: str) -> list[tuple[str, dict[
         for record in decode_log_records(codec, message.value()):
             found += [(record["messageId"], e) for e in record["entries"] if e["kind"] == kind]
     return found
+
+
+def fault_calls(count: int, prefix: str) -> list[dict[str, Any]]:
+    """``count`` track calls of 17 users, message ids ``prefix-<n>`` (the fault tests)."""
+    return [
+        {"type": "track", "userId": f"u{i % 17}", "event": "Fault", "messageId": f"{prefix}-{i}"}
+        for i in range(count)
+    ]
+
+
+def delivery_report(name: str, sent: int, receiver: Receiver) -> Counter[str]:
+    """Print sent / delivered / duplicated for a fault test; the deliveries by message id."""
+    delivered = Counter(body["messageId"] for body in receiver.delivered())
+    duplicates = sum(n - 1 for n in delivered.values())
+    print(f"\n{name}: sent {sent}, delivered {len(delivered)}, duplicates {duplicates}")
+    return delivered
