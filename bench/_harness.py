@@ -289,6 +289,26 @@ def produce_all(settings: Settings, topic: str, records: Iterable[tuple[Any, ...
     return count
 
 
+def backlog_run(
+    receiver: Receiver,
+    deployment: Deployment,
+    worker: Worker,
+    records: Iterable[tuple[Any, ...]],
+    count: int,
+    counted: str = "answered",
+) -> tuple[float, float]:
+    """One backlog of ``records`` (``count`` calls) through a settled ``worker``: (``counted``
+    per second at the receiver, the worker's CPU seconds per 1,000 calls)."""
+    worker.settle()
+    receiver.reset()
+    cpu = worker.cpu_seconds()
+    produce_all(deployment.settings, deployment.topics.calls, records)
+    stats = wait_answered(receiver, count, timeout=180, stall=15, counted=counted)
+    used = worker.cpu_seconds() - cpu
+    span = stats["last"] - stats["first"]
+    return (stats[counted] / span if span > 0 else 0.0), used / count * 1000
+
+
 def sample_request(deployment: Deployment) -> tuple[bytes, dict[str, str]]:
     """The body and headers the pipeline would send for one of our calls (for the baselines)."""
     _key, value = next(iter(deployment.call_records("s", 1)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, produce_all, wait_answered
+from ._harness import Deployment, Receiver, Worker, backlog_run, wait_answered
 
 __all__ = ["section_batching"]
 
@@ -26,15 +26,7 @@ def _run(
 ) -> tuple[float, float]:
     """(calls/s at the receiver, worker CPU seconds per 1,000 calls) for one backlog."""
     records = list(deployment.call_records("s", count))  # encoded before the clock starts
-    worker.settle()
-    receiver.reset()
-    cpu = worker.cpu_seconds()
-    produce_all(deployment.settings, deployment.topics.calls, records)
-    stats = wait_answered(receiver, count, timeout=180, stall=15, counted="calls")
-    used = worker.cpu_seconds() - cpu
-    span = stats["last"] - stats["first"]
-    rate = stats["calls"] / span if span > 0 else 0.0
-    return rate, used / count * 1000
+    return backlog_run(receiver, deployment, worker, records, count, counted="calls")
 
 
 def section_batching(

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, produce_all, wait_answered
+from ._harness import Deployment, Receiver, Worker, backlog_run
 
 __all__ = ["section_tracing"]
 
@@ -60,14 +60,7 @@ def _run(
     """(deliveries/s, worker CPU seconds per 1,000 calls) for one backlog."""
     plain = list(deployment.call_records("s", count))  # encoded before the clock starts
     records: list[Any] = plain if sampled is None else _traced(plain, sampled, rng)
-    worker.settle()
-    receiver.reset()
-    cpu = worker.cpu_seconds()
-    produce_all(deployment.settings, deployment.topics.calls, records)
-    stats = wait_answered(receiver, count, timeout=180, stall=15)
-    used = worker.cpu_seconds() - cpu
-    span = stats["last"] - stats["first"]
-    return (stats["answered"] / span if span > 0 else 0.0), used / count * 1000
+    return backlog_run(receiver, deployment, worker, records, count)
 
 
 def section_tracing(
