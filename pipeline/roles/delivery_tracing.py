@@ -31,13 +31,10 @@ def wait_header(reason: str) -> tuple[str, bytes]:
 def waited(message: Any, tier: int, destination: str, now: float) -> None:
     """The span of the wait a record from retry tier ``tier`` had, ended ``now``, if its trace
     is recorded here."""
-    headers = message.headers()
-    trace = tracing.trace_headers(headers)
-    if not trace or not tracing.recording(trace):
+    found = _waiting(message, now)
+    if found is None:
         return
-    _, stamp = message.timestamp()
-    if stamp <= 0:
-        return
+    headers, trace, since = found
     reason = next(
         (
             value.decode("ascii", "replace")
@@ -46,37 +43,48 @@ def waited(message: Any, tier: int, destination: str, now: float) -> None:
         ),
         RETRY_WAIT,
     )
-    span = tracing.start_span(
-        f"wait ({reason})",
-        tracing.parent_context(trace),
-        attributes={
-            "pipeline.wait.reason": reason,
-            "pipeline.retry.tier": tier,
-            "pipeline.destination": destination,
-        },
-        start_time=min(stamp / 1000, now),
-    )
-    span.end(end_time=int(now * 1e9))
+    attributes = {"pipeline.retry.tier": tier, "pipeline.destination": destination}
+    _wait_span(trace, f"wait ({reason})", reason, attributes, since, now)
 
 
 def held_wait(message: Any, destination: str, blocker: str, now: float) -> None:
     """The span of the wait a call of an ordered destination had behind an earlier call of its
     user (``blocker``), from when it was queued (``message``'s time) to ``now``."""
-    trace = tracing.trace_headers(message.headers())
-    if not trace or not tracing.recording(trace):
+    found = _waiting(message, now)
+    if found is None:
         return
+    _, trace, since = found
+    attributes = {"pipeline.held_behind": blocker, "pipeline.destination": destination}
+    _wait_span(trace, "wait (held user)", "held_user", attributes, since, now)
+
+
+def _waiting(message: Any, now: float) -> tuple[Any, TraceHeaders, float] | None:
+    """A waiting record's headers, trace context and when its wait began (its Kafka time), when
+    its trace is recorded here and its time is known."""
+    headers = message.headers()
+    trace = tracing.trace_headers(headers)
+    if not trace or not tracing.recording(trace):
+        return None
     _, stamp = message.timestamp()
     if stamp <= 0:
-        return
+        return None
+    return headers, trace, min(stamp / 1000, now)
+
+
+def _wait_span(
+    trace: TraceHeaders,
+    name: str,
+    reason: str,
+    attributes: dict[str, Any],
+    since: float,
+    now: float,
+) -> None:
+    """The span of a wait from ``since`` to ``now`` (epoch seconds), a child of ``trace``."""
     span = tracing.start_span(
-        "wait (held user)",
+        name,
         tracing.parent_context(trace),
-        attributes={
-            "pipeline.wait.reason": "held_user",
-            "pipeline.held_behind": blocker,
-            "pipeline.destination": destination,
-        },
-        start_time=min(stamp / 1000, now),
+        attributes={"pipeline.wait.reason": reason, **attributes},
+        start_time=since,
     )
     span.end(end_time=int(now * 1e9))
 
@@ -99,8 +107,5 @@ def batch_span(traces: Sequence[TraceHeaders], label: str, destination: str) -> 
     )
     sent = tracing.headers_of(span)
     for trace in recorded:
-        step = tracing.start_span(
-            f"sent in {label}", tracing.parent_context(trace), attributes=attributes, links=[sent]
-        )
-        step.end()
+        tracing.step(trace, f"sent in {label}", attributes, links=[sent])
     return span

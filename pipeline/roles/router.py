@@ -468,27 +468,22 @@ def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:
     """The trace context of the delivery records ``decision`` makes: its routing span's, when it
     makes one (ended at once), else the call's as it came (``trace``; empty: none)."""
     if not trace or not tracing.recording(trace):
-        return trace
+        return trace  # (its span's attributes are not even made)
     call = decision.call
     assert call is not None
-    span = tracing.start_span(
-        f"route {call.type.value}",
-        tracing.parent_context(trace),
-        attributes={
-            "pipeline.call.type": call.type.value,
-            "pipeline.message_id": call.message_id,
-            "pipeline.source": call.source_id,
-            "pipeline.destinations": [name for _, name in decision.keys],
-        },
-    )
+    attributes: dict[str, Any] = {
+        "pipeline.call.type": call.type.value,
+        "pipeline.message_id": call.message_id,
+        "pipeline.source": call.source_id,
+        "pipeline.destinations": [name for _, name in decision.keys],
+    }
     if decision.dropped is not None:
-        span.set_attribute("pipeline.drop_reason", decision.dropped.value)
-    for name, reason in decision.excluded:
-        span.add_event(
-            "destination left out", {"pipeline.destination": name, "reason": reason.value}
-        )
-    span.end()
-    return tracing.headers_of(span)
+        attributes["pipeline.drop_reason"] = decision.dropped.value
+    left_out = [
+        ("destination left out", {"pipeline.destination": name, "reason": reason.value})
+        for name, reason in decision.excluded
+    ]
+    return tracing.step(trace, f"route {call.type.value}", attributes, events=left_out)
 
 
 def _resend_detail(first_received: int | None) -> str:

@@ -240,13 +240,23 @@ def start_span(
     )
 
 
-def step(trace: TraceHeaders, name: str, attributes: Mapping[str, Any]) -> TraceHeaders:
-    """A step of a call's journey that takes no time of its own (a replay, say): its span (ended
-    at once), a child of ``trace``, when that is recorded here; the trace context the records it
-    makes carry (``trace`` itself when no span is made)."""
+def step(
+    trace: TraceHeaders,
+    name: str,
+    attributes: Mapping[str, Any],
+    *,
+    events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    links: Sequence[TraceHeaders] = (),
+) -> TraceHeaders:
+    """A step of a call's journey that takes no time of its own (its routing, a replay): its
+    span (ended at once, with ``events`` and ``links``), a child of ``trace``, when that is
+    recorded here; the trace context the records it makes carry (``trace`` itself when no span
+    is made)."""
     if not trace or not recording(trace):
         return trace
-    span = start_span(name, parent_context(trace), attributes=attributes)
+    span = start_span(name, parent_context(trace), attributes=attributes, links=links)
+    for event, event_attributes in events:
+        span.add_event(event, event_attributes)
     span.end()
     return headers_of(span)
 
