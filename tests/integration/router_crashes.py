@@ -157,6 +157,23 @@ def topic_figures(settings: Settings) -> int:
     return duplicates
 
 
+def streamed_a_third(
+    settings: Settings,
+    receiver: Receiver,
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    router_env: dict[str, str],
+) -> tuple[subprocess.Popen[bytes], Stderr, Stderr, ChunkedSender]:
+    """Router and deliver in their own processes, ready, and the stream going until about a
+    third of the calls arrived: the router, both logs and the stream."""
+    apply(settings, simple_config(receiver.url))
+    router, router_log = started(process_factory, settings, "router", router_env)
+    _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
+    ready((router_log, "router"), (deliver_log, "deliver"))
+    stream = sender(settings)
+    wait_for(lambda: receiver.count() >= CALLS // 3, timeout=60, interval=0.01)
+    return router, router_log, deliver_log, stream
+
+
 def kill_router_mid_stream(
     settings: Settings,
     receiver: Receiver,
@@ -166,13 +183,8 @@ def kill_router_mid_stream(
     """Router and deliver in their own processes; SIGKILL the router at about a third of the
     calls, restart it, wait for every call. Returns the receiver's count at the kill and the
     calls sent by then."""
-    apply(settings, simple_config(receiver.url))
-    router, router_log = started(process_factory, settings, "router", router_env)
-    _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
-    ready((router_log, "router"), (deliver_log, "deliver"))
-    stream = sender(settings)
-
-    wait_for(lambda: receiver.count() >= CALLS // 3, timeout=60, interval=0.01)
+    streamed = streamed_a_third(settings, receiver, process_factory, router_env)
+    router, router_log, deliver_log, stream = streamed
     router.send_signal(signal.SIGKILL)
     router.wait(10)
     at_kill, sent = receiver.count(), stream.sent

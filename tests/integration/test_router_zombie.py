@@ -12,7 +12,6 @@ import pytest
 from pipeline.core.settings import Settings
 from tests.integration.router_crashes import (
     CALLS,
-    DELIVER_ENV,
     OPEN_TRANSACTION,
     RECEIVER_DELAY,
     TRANSACTIONS_OFF,
@@ -21,17 +20,13 @@ from tests.integration.router_crashes import (
     figures,
     kill_router_mid_stream,
     progress,
-    sender,
+    streamed_a_third,
     topic_figures,
 )
 from tests.support import (
     Receiver,
-    apply,
-    ready,
-    simple_config,
     started,
     stays,
-    wait_for,
     wait_or_tell,
 )
 
@@ -66,13 +61,8 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_stops_producing(
     present and never visible), which Apache Kafka ends when the successor takes the id. The
     fencing of a zombie's transactions is shown deterministically in test_transactions.py."""
     receiver = receiver_factory(delay=RECEIVER_DELAY)
-    apply(settings, simple_config(receiver.url))
-    zombie, zombie_log = started(process_factory, settings, "router", TRANSACTIONS_OFF)
-    _, deliver_log = started(process_factory, settings, "deliver", DELIVER_ENV)
-    ready((zombie_log, "router"), (deliver_log, "deliver"))
-    stream = sender(settings)
-
-    wait_for(lambda: receiver.count() >= CALLS // 3, timeout=60, interval=0.01)
+    streamed = streamed_a_third(settings, receiver, process_factory, TRANSACTIONS_OFF)
+    zombie, zombie_log, deliver_log, stream = streamed
     zombie.send_signal(signal.SIGSTOP)
     at_stop, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the stop: pace it slower"
