@@ -43,13 +43,27 @@ def trace_of(message: Any) -> TraceHeaders:
     return trace_headers(headers)
 
 
-def parts_trace(trace: TraceHeaders, parts: int) -> bytes:
-    """A record's (``parts`` 0) or a batch's entries in a batch's list of traceparents."""
+def trace_entries(trace: TraceHeaders, parts: int) -> list[bytes]:
+    """A record's (``parts`` 0) or a batch's entries in a batch's list of traceparents (``trace``:
+    ``trace_of``): one a part, ``NO_TRACE`` for a part without one."""
     wanted = PARTS_TRACE_HEADER if parts else TRACEPARENT
     for name, value in trace:
         if name == wanted:
-            return value
-    return b" ".join([NO_TRACE] * (parts or 1))
+            entries = value.split(b" ")
+            if len(entries) == (parts or 1):
+                return entries
+            break  # not ours: its parts go on without their traces
+    return [NO_TRACE] * (parts or 1)
+
+
+def carried_trace(entries: Sequence[bytes]) -> TraceHeaders:
+    """The trace headers of a record carrying the parts of ``entries`` (``trace_entries``): a
+    record alone its ``traceparent``, a batch its parts' list; none when no part has one."""
+    if len(entries) == 1:
+        return [] if entries[0] == NO_TRACE else [(TRACEPARENT, entries[0])]
+    if all(entry == NO_TRACE for entry in entries):
+        return []
+    return [(PARTS_TRACE_HEADER, b" ".join(entries))]
 
 
 #: A parked batch carries at most this many bytes of records (Kafka refuses records over 1 MB by
@@ -125,7 +139,6 @@ def unpacked(
     value is not a batch's (cut short, or lengths that do not add up)."""
     data = value or b""
     kept = [h for h in headers if h[0] != PARTS_HEADER and h[0] != PARTS_TRACE_HEADER]
-    traces = [h[1] for h in headers if h[0] == PARTS_TRACE_HEADER][:1]
     parts: list[PartMessage] = []
     at = 0
     while at < len(data):
@@ -133,11 +146,10 @@ def unpacked(
         parts.append(PartMessage(key, part, kept, timestamp))
     if not parts:
         raise ValueError("an empty batch")
-    listed = traces[0].split(b" ") if traces else []
-    if len(listed) == len(parts):  # else not ours: the parts go on without their traces
-        for message, traceparent in zip(parts, listed, strict=True):
-            if traceparent != NO_TRACE:
-                message._headers = [*kept, (TRACEPARENT, traceparent)]
+    listed = [(name, value) for name, value in headers if name == PARTS_TRACE_HEADER]
+    for message, traceparent in zip(parts, trace_entries(listed, len(parts)), strict=True):
+        if traceparent != NO_TRACE:
+            message._headers = [*kept, (TRACEPARENT, traceparent)]
     return parts
 
 

@@ -42,19 +42,19 @@ from pipeline.kafka.errors import Headed, Placed, Produced
 from pipeline.roles.delivery_tracing import wait_header
 from pipeline.roles.parked_batches import (
     MAX_BYTES,
-    NO_TRACE,
     PARTS_HEADER,
     PARTS_TRACE_HEADER,
     Headers,
     PartMessage,
+    carried_trace,
     entry_size,
     packed,
-    parts_trace,
     split_first,
+    trace_entries,
     trace_of,
     unpacked,
 )
-from pipeline.runtime.tracing import TRACEPARENT, TraceHeaders
+from pipeline.runtime.tracing import TraceHeaders
 
 __all__ = [
     "SCHEDULE_HEADER",
@@ -62,6 +62,7 @@ __all__ = [
     "PARTS_TRACE_HEADER",
     "Headers",
     "trace_of",
+    "trace_entries",
     "MAX_BYTES",
     "AT_ROUTING",
     "Schedule",
@@ -191,25 +192,16 @@ class ParkPlan(NamedTuple):
         return self._record(key, value, [*headers, *trace] if trace else headers)
 
     def batch(
-        self, items: Sequence[tuple[bytes | None, bytes | None, int]], traces: Sequence[bytes]
+        self, items: Sequence[tuple[bytes | None, bytes | None, int]], entries: Sequence[bytes]
     ) -> Headed | Placed:
-        """One record carrying ``items`` (key, value, parts: 0 for a record alone) with their
-        entries in the parts' list of traceparents (``traces``), counted."""
+        """One record carrying ``items`` (key, value, parts: 0 for a record alone) and their
+        parts' traceparents (``entries``: ``trace_entries``), counted."""
+        trace = carried_trace(entries)
         if len(items) == 1:
-            key, value, parts = items[0]
-            listed = traces[0]
-            if parts:
-                trace = [(PARTS_TRACE_HEADER, listed)]
-            else:
-                trace = [] if listed == NO_TRACE else [(TRACEPARENT, listed)]
-            return self.parked_record(key, value, parts, trace)
+            return self.parked_record(*items[0], trace)
         parts = sum(count or 1 for _, _, count in items)
         self.counter.inc(parts)
-        headers = self._headers_of(parts)
-        listed = b" ".join(traces)
-        if listed.strip(b"- "):  # a part has a traceparent
-            headers.append((PARTS_TRACE_HEADER, listed))
-        return self._record(items[0][0], packed(items), headers)
+        return self._record(items[0][0], packed(items), [*self._headers_of(parts), *trace])
 
     def _record(self, key: bytes | None, value: bytes | None, headers: Headers) -> Headed | Placed:
         if self.partition is None:
@@ -338,7 +330,7 @@ class _ParkedGroup:
         self.plan = plan
         self.out: list[Produced] = []
         self.items: list[tuple[bytes | None, bytes | None, int]] = []
-        self.traces: list[bytes] = []  # each item's entries in the parts' traceparents
+        self.traces: list[bytes] = []  # its parts' traceparents (``trace_entries``)
         self.size = 0
 
 
@@ -418,7 +410,7 @@ class ParkingBatch:
         else:
             out = []
         group.items.append((key, value, parts))
-        group.traces.append(parts_trace(trace, parts))
+        group.traces += trace_entries(trace, parts)
         group.size += size
         return out
 
@@ -450,18 +442,14 @@ class ParkingBatch:
         if not isinstance(others, Park) or others.carries_probe:
             return [plan.parked_record(key, value, parts, trace)]
         rest_plan = self._parking.plan(destination.id, others)
-        listed = parts_trace(trace, parts).split(b" ")
-        if len(listed) != parts:
-            listed = [NO_TRACE] * parts
-        first_trace = [] if listed[0] == NO_TRACE else [(TRACEPARENT, listed[0])]
+        entries = trace_entries(trace, parts)
+        rest_trace = carried_trace(entries[1:])
         if after:
-            others_listed = b" ".join(listed[1:])
-            rest_trace = [(PARTS_TRACE_HEADER, others_listed)] if others_listed.strip(b"- ") else []
             rest_record = rest_plan.parked_record(next_key, rest, parts - 1, rest_trace)
         else:
-            next_trace = [] if listed[1] == NO_TRACE else [(TRACEPARENT, listed[1])]
-            rest_record = rest_plan.parked_record(next_key, next_value, 0, next_trace)
-        return [plan.parked_record(first_key, first_value, 0, first_trace), rest_record]
+            rest_record = rest_plan.parked_record(next_key, next_value, 0, rest_trace)
+        first = plan.parked_record(first_key, first_value, 0, carried_trace(entries[:1]))
+        return [first, rest_record]
 
     def close(self) -> list[Headed | Placed]:
         """Each group's record, into its first record's hand-off; returned too."""

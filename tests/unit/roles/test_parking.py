@@ -10,12 +10,15 @@ from pipeline.core.admission import Window
 from pipeline.roles.parking import (
     PARTS_HEADER,
     PARTS_TRACE_HEADER,
+    SCHEDULE_HEADER,
+    ParkPlan,
     PartMessage,
     Schedule,
     entry_size,
     packed,
     schedule_header,
     schedule_of,
+    trace_entries,
     unpacked,
 )
 
@@ -83,3 +86,28 @@ def test_each_part_of_a_parked_batch_keeps_its_own_trace_context() -> None:
     # A list that does not match the parts is not ours: the parts go on without traces.
     parts = unpacked(value, [*HEADERS, (PARTS_TRACE_HEADER, traced)])
     assert all("traceparent" not in dict(p.headers()) for p in parts)
+
+
+def test_a_batch_joined_to_others_keeps_each_parts_trace_and_only_a_bad_list_is_dropped() -> None:
+    class Count:
+        def inc(self, amount: int = 1) -> None:
+            pass
+
+    traced = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    batch = packed([(b"k1", b"one", 0), (b"k2", b"two", 0)])
+    plan = ParkPlan("tier", [(SCHEDULE_HEADER, b"0 1 0 0 hooks")], Count(), False)
+    items = [(None, batch, 2), (b"k3", b"three", 0), (None, batch, 2)]
+    entries = [
+        *trace_entries([(PARTS_TRACE_HEADER, b"- " + traced)], 2),
+        *trace_entries([("traceparent", traced)], 0),
+        *trace_entries([(PARTS_TRACE_HEADER, traced)], 2),  # one entry for two parts: not ours
+    ]
+    record = plan.batch(items, entries)
+    parts = unpacked(record[2], record[3])
+    assert [dict(p.headers()).get("traceparent") for p in parts] == [
+        None,
+        traced,
+        traced,
+        None,
+        None,
+    ]
