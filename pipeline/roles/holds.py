@@ -6,7 +6,6 @@ state (``pipeline.kafka.partition_state``, changelog ``state.ordering.changelog`
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -36,6 +35,7 @@ __all__ = [
     "unhold_change",
     "queue_change",
     "queued_call",
+    "QueuedCall",
     "unqueue_change",
     "release_record",
     "release_of",
@@ -133,31 +133,40 @@ def unhold_change(key: bytes, hold: Hold) -> Change:
 def queue_change(key: bytes, offset: int, value: bytes, traceparent: bytes = b"") -> Change:
     """The call at ``offset`` of ``deliveries`` (its value as consumed; ``traceparent``: its trace
     context, if any) queued behind the hold."""
-    now = _now_ms()
-    return (_queued_key(key, offset), encode_value(now, _stored(value, traceparent, now)), 0)
+    return (_queued_key(key, offset), encode_value(_now_ms(), _stored(value, traceparent)), 0)
 
 
 #: A queued call stored with its trace context starts with this byte (a record's value never
 #: does: Avro's single-object header is C3 01, Confluent's wire format starts with 0), then the
-#: time it was queued (8 bytes, epoch ms), the traceparent's length (1 byte), the traceparent.
+#: traceparent's length (1 byte) and the traceparent.
 _TRACED = b"\xff"
-_QUEUED_AT = struct.Struct(">qB")
 
 
-def _stored(value: bytes, traceparent: bytes, now: int) -> bytes:
+def _stored(value: bytes, traceparent: bytes) -> bytes:
     if not traceparent or len(traceparent) > 255:
         return value
-    return _TRACED + _QUEUED_AT.pack(now, len(traceparent)) + traceparent + value
+    return _TRACED + bytes((len(traceparent),)) + traceparent + value
 
 
-def queued_call(stored: bytes) -> tuple[bytes, bytes, int]:
-    """A queued call as ``Holds.queued`` gives it: (its value, its traceparent or ``b""``, when it
-    was queued (epoch ms; 0: not known))."""
+def queued_call(stored: bytes) -> tuple[bytes, bytes]:
+    """A queued call as ``Holds.queued`` gives it (``stored``): its value, and its traceparent
+    (``b""``: none)."""
     if not stored.startswith(_TRACED):
-        return stored, b"", 0
-    at, length = _QUEUED_AT.unpack_from(stored, 1)
-    start = 1 + _QUEUED_AT.size
-    return stored[start + length :], stored[start : start + length], at
+        return stored, b""
+    end = 2 + stored[1]
+    return stored[end:], stored[2:end]
+
+
+class QueuedCall(NamedTuple):
+    """A call queued behind its user's hold (``Holds.queued``)."""
+
+    state_key: bytes
+    #: Its offset on ``deliveries``.
+    offset: int
+    #: The call as stored (``queued_call`` reads it).
+    stored: bytes
+    #: When it was queued (epoch ms): the state's own time of the entry.
+    queued_at: int
 
 
 def unqueue_change(state_key: bytes) -> Change:
@@ -213,17 +222,14 @@ class Holds:
             return None
         return Hold(found[0], found[1].decode(errors="replace"))
 
-    def queued(
-        self, partition: int, key: bytes, limit: int | None = None
-    ) -> list[tuple[bytes, int, bytes]]:
-        """The user's queued calls, oldest first (the first ``limit``): (state key, offset on
-        ``deliveries``, the call as stored: ``queued_call`` reads it)."""
+    def queued(self, partition: int, key: bytes, limit: int | None = None) -> list[QueuedCall]:
+        """The user's queued calls, oldest first (the first ``limit``)."""
         prefix = _queue_prefix(key)
         found = []
-        for state_key, (_, value) in self.state.scan(partition, prefix, _now_ms(), limit):
+        for state_key, (at, value) in self.state.scan(partition, prefix, _now_ms(), limit):
             suffix = state_key[len(prefix) :]
             if len(suffix) == _OFFSET_BYTES:  # not another user's whose id goes on past a NUL
-                found.append((state_key, int.from_bytes(suffix, "big"), value))
+                found.append(QueuedCall(state_key, int.from_bytes(suffix, "big"), value, at))
         return found
 
     def held_keys(self, partition: int, destination: str) -> list[bytes]:

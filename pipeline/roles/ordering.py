@@ -61,6 +61,7 @@ from pipeline.roles.holds import (
     Change,
     Hold,
     Holds,
+    QueuedCall,
     Release,
     hold_change,
     queue_change,
@@ -287,9 +288,9 @@ class Lanes:
             changes = []
             logged: list[LogRecordValue] = []
             now = _now_ms()
-            for state_key, offset, value in piece:
-                changes.append(unqueue_change(state_key))
-                record = self._deliverer.decode(_stand_in(consumed, key, offset, value))
+            for call in piece:
+                changes.append(unqueue_change(call.state_key))
+                record = self._deliverer.decode(_stand_in(consumed, key, call))
                 if isinstance(record, Concluded):
                     continue
                 metrics.SUPPRESSED.labels(metrics.destination_label(record.destination_id)).inc()
@@ -316,17 +317,17 @@ class Lanes:
             return
         queued = self.holds.queued(partition, key, RELEASE_PIECE + 1)
         piece = queued[:RELEASE_PIECE]
-        parts = [_stand_in(consumed, key, offset, value) for _, offset, value in piece]
+        parts = [_stand_in(consumed, key, call) for call in piece]
         out: list[Any] = []
         logged: list[LogRecordValue] = []
         changes: list[Change] = []
         went_on: list[str] = []
         blocked = ""  # the call that waits now, if one does
         spilled = False  # calls that came meanwhile were queued behind the piece
-        for (state_key, _, _), part in zip(piece, parts, strict=True):
+        for call, part in zip(piece, parts, strict=True):
             if len(lane.items) >= self._spill_at:  # a piece takes long: the lane spills meanwhile
                 spilled = await self._queue(key, [], hold, lane, loop) or spilled
-            changes.append(unqueue_change(state_key))
+            changes.append(unqueue_change(call.state_key))
             record = self._deliverer.decode(part)
             if isinstance(record, Concluded):
                 out += record.out
@@ -456,16 +457,16 @@ class Lanes:
         self.holds.close()
 
 
-def _stand_in(consumed: ConsumedRecord, key: bytes, offset: int, stored: bytes) -> ConsumedRecord:
+def _stand_in(consumed: ConsumedRecord, key: bytes, queued: QueuedCall) -> ConsumedRecord:
     """A queued call as a record consumed at its own offset of ``consumed``'s partition (what its
     decode and its dead letter read; its trace context, and when it was queued as its time); it
     is finished with the record that released it."""
-    value, traceparent, at = queued_call(stored)
+    value, traceparent = queued_call(queued.stored)
     headers: Headers = [(TRACEPARENT, traceparent)] if traceparent else []
     stand_in = ConsumedRecord.__new__(ConsumedRecord)
-    stand_in.message = PartMessage(key, value, headers, (1, at))  # type: ignore[assignment]
+    stand_in.message = PartMessage(key, value, headers, (1, queued.queued_at))  # type: ignore[assignment]
     stand_in.key = consumed.key
-    stand_in.offset = offset
+    stand_in.offset = queued.offset
     stand_in._partition = consumed._partition
     stand_in._generation = consumed._generation
     stand_in._container = None

@@ -64,14 +64,14 @@ def test_a_hold_and_its_queue_read_back_in_arrival_order(tmp_path: Path) -> None
     assert taken is not None
     hold = holds.held(0, KEY)
     assert hold is not None and hold.blocker == "m2" and hold.since >= NOW
-    assert [(offset, value) for _, offset, value in holds.queued(0, KEY)] == [
+    assert [(offset, value) for _, offset, value, _ in holds.queued(0, KEY)] == [
         (7, b"first"),
         (20, b"second"),
         (300, b"third"),
     ]
     # Taken and not yet durable: read as the state's; once applied, from the store.
     holds.state.apply(taken)
-    assert [offset for _, offset, _ in holds.queued(0, KEY, limit=2)] == [7, 20]
+    assert [offset for _, offset, _, _ in holds.queued(0, KEY, limit=2)] == [7, 20]
     assert holds.held(1, KEY) is None  # another partition's state
     # The changelog records: one per key, to the partition's own changelog partition.
     assert {(topic, partition) for topic, _, _, _, partition in taken.records} == {(CHANGELOG, 0)}
@@ -82,19 +82,19 @@ def test_a_hold_and_its_queue_read_back_in_arrival_order(tmp_path: Path) -> None
 def test_a_user_whose_id_goes_on_past_a_nul_is_another_user(tmp_path: Path) -> None:
     holds = holds_in(tmp_path)
     holds.commit(0, [queue_change(b"hooks/u1\x00x", 5, b"not u1's"), queue_change(KEY, 6, b"u1's")])
-    assert [value for _, _, value in holds.queued(0, KEY)] == [b"u1's"]
+    assert [value for _, _, value, _ in holds.queued(0, KEY)] == [b"u1's"]
 
 
 def test_a_queue_read_in_pieces_takes_changes_in_progress_into_account(tmp_path: Path) -> None:
     holds = holds_in(tmp_path)
     holds.state.apply(holds.commit(0, [queue_change(KEY, n, b"v") for n in range(10)]) or _none())
     # Unqueued in a hand-off in progress: the piece is what is left of the first four.
-    holds.commit(0, [unqueue_change(key) for key, _, _ in holds.queued(0, KEY, limit=2)])
-    assert [offset for _, offset, _ in holds.queued(0, KEY, limit=4)] == [2, 3]
+    holds.commit(0, [unqueue_change(key) for key, _, _, _ in holds.queued(0, KEY, limit=2)])
+    assert [offset for _, offset, _, _ in holds.queued(0, KEY, limit=4)] == [2, 3]
     # One queued past the piece's end does not jump ahead of those not read yet.
     holds.commit(0, [queue_change(KEY, 99, b"late")])
-    assert [offset for _, offset, _ in holds.queued(0, KEY, limit=4)] == [2, 3]
-    assert [offset for _, offset, _ in holds.queued(0, KEY)] == [*range(2, 10), 99]
+    assert [offset for _, offset, _, _ in holds.queued(0, KEY, limit=4)] == [2, 3]
+    assert [offset for _, offset, _, _ in holds.queued(0, KEY)] == [*range(2, 10), 99]
 
 
 def test_held_users_are_counted_per_destination(tmp_path: Path) -> None:
@@ -159,12 +159,13 @@ def _none() -> Any:
     raise AssertionError("nothing was taken")
 
 
-def test_a_queued_call_keeps_its_trace_context_and_when_it_was_queued() -> None:
+def test_a_queued_call_keeps_its_trace_context_and_when_it_was_queued(tmp_path: Path) -> None:
     traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     avro = b"\xc3\x01" + b"\x00" * 8 + b"the call"
-    (_, traced, _) = queue_change(KEY, 1, avro, traceparent)
-    (_, plain, _) = queue_change(KEY, 2, avro)
-    assert traced is not None and plain is not None
-    value, found, at = queued_call(traced[8:])  # past the state's own time
-    assert (value, found) == (avro, traceparent) and at > 0
-    assert queued_call(plain[8:]) == (avro, b"", 0)  # as written before trace contexts
+    holds = holds_in(tmp_path)
+    changes = [queue_change(KEY, 1, avro, traceparent), queue_change(KEY, 2, avro)]
+    assert holds.commit(0, [hold_change(KEY, "m0", None), *changes]) is not None
+    traced, plain = holds.queued(0, KEY)
+    assert queued_call(traced.stored) == (avro, traceparent) and traced.queued_at > 0
+    assert queued_call(plain.stored) == (avro, b"")  # as written before trace contexts
+    assert plain.queued_at > 0
