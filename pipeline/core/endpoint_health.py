@@ -277,6 +277,17 @@ class EndpointHealth:
             results.append(endpoint.refusal())
         return results
 
+    def paused_refusals(self, destination: Destination) -> list[UrlResult] | None:
+        """The results of not trying ``destination`` because its receiver asked for a pause
+        that has not ended (heard from any process); ``None`` when it is not paused."""
+        if self.pace.paused_for(destination.id) <= 0:
+            return None
+        detail = "not tried: its receiver asked for a pause (Retry-After)"
+        return [
+            UrlResult(hook.url, failure=Failure.CIRCUIT_OPEN, detail=detail)
+            for hook in destination.webhooks
+        ]
+
     def open_circuits(self, destination: Destination) -> int:
         """How many of ``destination``'s webhooks have an open or half-open circuit (their own or
         their host's)."""

@@ -69,7 +69,8 @@ class Failure(enum.StrEnum):
     AUTH_ERROR = "auth_error"
     """No OAuth2 token: its token endpoint failed or refused the client (retried)."""
     CIRCUIT_OPEN = "circuit_open"
-    """Not tried: the endpoint's circuit breaker is open after a run of failures."""
+    """Not tried: the endpoint's circuit breaker is open after a run of failures (or its
+    destination was paused by a ``Retry-After`` while the request waited for its turn)."""
 
 
 RETRYABLE = frozenset(

@@ -223,6 +223,11 @@ class WebhookSender:
             wait = turn - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
+            # A pause heard while it waited for its turn (another process was answered 429 or
+            # 503 with Retry-After): not sent, and parked by the caller.
+            paused = None if final else self.health.paused_refusals(destination)
+            if paused is not None:
+                return paused
         signed = self.signed_headers(destination, body, message_id)
         tls = self.tls_of(destination)
         proxy = self.proxy_of(destination)

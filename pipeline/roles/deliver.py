@@ -443,7 +443,8 @@ class DeliveryHandler:
         """What the answers mean for the record (``Concluded``: it is parked again as it is)."""
         record, destination = start.record, start.destination
         if self._limits.parking and not start.final and _all_refused(results):
-            # Refused while it waited (a circuit opened, the endpoint fell silent): parked.
+            # Refused while it waited (a circuit opened, the endpoint fell silent, a pause was
+            # heard): parked.
             out = self._parked_alone(consumed, record, destination)
             if out:
                 return Concluded(out, None, True)
@@ -589,5 +590,6 @@ class DeliveryHandler:
 
 
 def _all_refused(results: Sequence[UrlResult]) -> bool:
-    """No request was made: every webhook's circuit refused it, or it fell silent."""
+    """No request was made: every webhook's circuit refused it, it fell silent, or the
+    destination was paused while the request waited for its turn."""
     return all(result.failure is Failure.CIRCUIT_OPEN for result in results)

@@ -193,6 +193,28 @@ def test_the_final_attempt_goes_through_open_circuits() -> None:
     with_receiver(test)
 
 
+def test_a_pause_heard_while_a_request_waits_for_its_turn_stops_it() -> None:
+    """Another process was told Retry-After while this request waited for its rate-limit turn:
+    it is not sent (the deliver role parks it), unless it is the record's final attempt."""
+
+    async def test(sender: WebhookSender, receiver: str) -> None:
+        limited = Destination(
+            id="d", sources=["web"], webhooks=[{"url": f"{receiver}/ok"}], rate_limit=5.0
+        )
+        while sender.health.reserve(limited) == 0:  # past its burst: turns 0.2 s apart
+            pass
+        waiting = asyncio.create_task(sender.attempt(limited, b"{}", "m1", turn=None))
+        final = asyncio.create_task(sender.attempt(limited, b"{}", "m2", final=True))
+        await asyncio.sleep(0.05)
+        sender.health.pace.answered("d", 429, 30.0)  # as if heard from the pace topic
+        [result] = await waiting
+        assert result.failure is Failure.CIRCUIT_OPEN and result.status is None
+        assert result.detail == "not tried: its receiver asked for a pause (Retry-After)"
+        assert [r.status for r in await final] == [200]
+
+    with_receiver(test)
+
+
 def test_an_endpoint_with_requests_out_and_no_answer_for_a_while_is_silent() -> None:
     async def test(sender: WebhookSender, receiver: str) -> None:
         hanging, healthy = destination(f"{receiver}/hang"), destination(f"{receiver}/ok")
