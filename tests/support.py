@@ -40,6 +40,9 @@ from pipeline.kafka.config_store import apply_config
 from pipeline.roles.worker import run_roles
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The tests' consumer session timeout. Tansu holds a JoinGroup for half of it, so every group
+#: join and rebalance costs that (6 s, the product's default there, cost 3 s a join).
+SESSION_TIMEOUT = 3.0
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:

@@ -23,6 +23,7 @@ from pipeline.kafka.clients import create_topics
 from pipeline.runtime.net import free_port
 from tests.support import (
     ROOT,
+    SESSION_TIMEOUT,
     CallsTopic,
     IngestThread,
     InProcessWorker,
@@ -63,7 +64,7 @@ def fresh_settings(broker: EmbeddedBroker, directory: Path) -> Settings:
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
         partitions=3,
         retry_partitions=2,
-        session_timeout=6.0,
+        session_timeout=SESSION_TIMEOUT,
         retry_delays=(1.0, 2.0),
         retry_deadline=8.0,
         delivery_timeout=1.0,
@@ -227,7 +228,7 @@ def shared_settings(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFac
         topic_prefix=f"m{uuid.uuid4().hex[:10]}.",
         partitions=3,
         retry_partitions=1,
-        session_timeout=6.0,
+        session_timeout=SESSION_TIMEOUT,
         transactions=False,  # as in ``settings``
         log_store_url=f"sqlite:///{tmp_path_factory.mktemp('log') / 'log.sqlite3'}",
         state_dir=str(tmp_path_factory.mktemp("state")),

@@ -38,6 +38,7 @@ from pipeline.ops.dlq import DlqFilter, list_dead_letters
 from pipeline.runtime.net import free_port
 from tests.support import (
     ROOT,
+    SESSION_TIMEOUT,
     InProcessWorker,
     Receiver,
     Request,
@@ -123,7 +124,7 @@ def pipeline(
         topic_prefix=f"c{uuid.uuid4().hex[:10]}.",
         partitions=2,
         retry_partitions=1,
-        session_timeout=6.0,
+        session_timeout=SESSION_TIMEOUT,
         retry_delays=(1.0,),
         retry_deadline=4.0,
         delivery_timeout=2.0,
