@@ -29,6 +29,7 @@ import orjson
 import pytest
 from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.core.config import validate_config
@@ -129,7 +130,9 @@ def apply(settings: Settings, config: dict[str, Any]) -> None:
 @dataclass
 class Request:
     path: str
-    headers: dict[str, str]
+    #: Names compared without case, as HTTP does (aiohttp sends ours as we write them,
+    #: pyreqwest in title case).
+    headers: CIMultiDict[str]
     body: bytes
     at: float
     answer: Any = None

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from pipeline.core.settings import Settings
 from pipeline.http.ingest import IngestOptions
@@ -114,7 +115,7 @@ def receivers() -> Iterator[Callable[..., Receiver]]:
                 if callable(answer):  # answer by the request's body
                     answer = answer(body)
                 receiver.requests.append(
-                    Request(request.path, dict(request.headers), body, time.time(), answer)
+                    Request(request.path, CIMultiDict(request.headers), body, time.time(), answer)
                 )
             if answer == "hang":
                 await asyncio.sleep(3600)

@@ -26,6 +26,7 @@ import orjson
 import pytest
 from aiohttp import web
 from confluent_kafka import Producer
+from multidict import CIMultiDict
 
 from pipeline.core.pace import Report, report_key
 from pipeline.core.settings import Settings
@@ -168,7 +169,7 @@ def _receiver(servers: ServerThread, name: str) -> Receiver:
         with receiver.lock:
             answer = receiver.default
             receiver.requests.append(
-                Request(request.path, dict(request.headers), body, time.time(), answer)
+                Request(request.path, CIMultiDict(request.headers), body, time.time(), answer)
             )
         return web.Response(
             status=answer,
