@@ -66,6 +66,8 @@ Sections (the issue's numbering):
     and tracing on with 1 % and 100 % of the contexts sampled (exported to a stand-in OTLP
     collector) against off (same run, alternated): deliveries/s, and the worker's CPU seconds per
     1,000 calls (``bench.tracing``).
+17. The hot path's choices (issue 36): section 1's end to end once per variant of the worker's
+    settings (the event loop), alternated: deliveries/s and CPU per call (``bench.hot_path``).
 """
 
 from __future__ import annotations
@@ -998,6 +1000,12 @@ def section_tracing(bench: Bench) -> None:
     run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
 
 
+def section_hot_path(bench: Bench) -> None:
+    from .hot_path import section_hot_path as run
+
+    run(bench, warm_up=warm_up, row=Row, fmt=fmt, median=median, log=log)
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "1": section_e2e,  # also 8
     "3": section_hang,
@@ -1013,6 +1021,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "14": section_pace,
     "15": section_batching,
     "16": section_tracing,
+    "17": section_hot_path,
 }
 
 

@@ -15,6 +15,7 @@ import sys
 from pipeline.commands._args import Subparsers
 from pipeline.core.exceptions import ConfigError
 from pipeline.core.settings import Settings
+from pipeline.runtime import event_loop
 
 __all__ = ["register", "run", "console_password"]
 
@@ -61,7 +62,10 @@ def console_password(host: str, settings: Settings) -> tuple[str, bool]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     password, made_up = console_password(args.host, settings)
-    asyncio.run(_serve(settings, args.host, args.port, password, made_up, args.secure_cookie))
+    event_loop.run(
+        _serve(settings, args.host, args.port, password, made_up, args.secure_cookie),
+        settings.event_loop,
+    )
     return 0
 
 

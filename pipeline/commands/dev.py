@@ -32,6 +32,7 @@ from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import apply_config, load_table
 from pipeline.ops.send import send_lines
 from pipeline.roles.worker import run_roles
+from pipeline.runtime import event_loop
 from pipeline.runtime.gc_tuning import tune_for_throughput
 from pipeline.runtime.net import free_port_or
 
@@ -298,12 +299,13 @@ def run_dev(
         allowed_networks=(*settings.allowed_networks, "127.0.0.0/8"),
     )
     tune_for_throughput()
-    asyncio.run(
+    event_loop.run(
         _dev(
             settings,
             free_port_or(receiver_port),
             free_port_or(broker_port),
             free_port_or(ingest_port),
             free_port_or(console_port),
-        )
+        ),
+        settings.event_loop,
     )

@@ -116,6 +116,7 @@ def _rebuild(settings: Settings) -> None:
 def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
     """Run ``roles``; SIGINT/SIGTERM drain in-flight work, commit, and return."""
     from pipeline.roles.worker import run_roles
+    from pipeline.runtime import event_loop
     from pipeline.runtime.gc_tuning import tune_for_throughput
 
     async def main() -> None:
@@ -126,4 +127,4 @@ def run_roles_until_signalled(settings: Settings, roles: Iterable[str]) -> None:
         await run_roles(settings, roles, stop)
 
     tune_for_throughput()
-    asyncio.run(main())
+    event_loop.run(main(), settings.event_loop)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
@@ -244,6 +244,12 @@ class Settings(BaseSettings):
     circuit_cool_down: Seconds = 30.0
     #: Each failed probe in a row doubles that wait, up to this.
     circuit_cool_down_max: Seconds = 300.0
+    #: The event loop of long-running commands: ``auto`` (uvloop if installed, else asyncio's),
+    #: ``uvloop`` or ``asyncio`` (``pipeline.runtime.event_loop``).
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    #: The HTTP client of webhook requests: ``aiohttp``, or ``reqwest`` (pyreqwest) for every
+    #: destination without TLS settings or a proxy of its own (``pipeline.http.reqwest_post``).
+    http_client: Literal["aiohttp", "reqwest"] = "reqwest"
     # ---- Observability ----
     #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
     metrics_max_destinations: AtLeastOne = 1000

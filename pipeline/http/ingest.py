@@ -70,7 +70,7 @@ from pipeline.kafka.config_store import ConfigFollower
 from pipeline.kafka.errors import Produced
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable, make_codec
-from pipeline.runtime import metrics, tracing
+from pipeline.runtime import event_loop, metrics, tracing
 from pipeline.runtime.gc_tuning import tune_for_throughput
 
 __all__ = [
@@ -537,8 +537,10 @@ def run_ingest(
     )
     started = time.monotonic()
     tune_for_throughput()
+    factory = event_loop.loop_factory(settings.event_loop)
     web.run_app(
         make_ingest_app(settings, options),
+        loop=None if factory is None else factory(),
         host=host,
         port=port,
         print=None,

@@ -33,7 +33,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -53,6 +53,9 @@ from pipeline.http.slots import Slots
 from pipeline.runtime.awake_clock import AwakeClock
 from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
 from pipeline.runtime.tracing import TraceHeaders
+
+if TYPE_CHECKING:
+    from pipeline.http.reqwest_post import ReqwestPoster
 
 __all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
 
@@ -96,7 +99,7 @@ class _Target:
     why it cannot be requested at all (a URL that does not parse, an IP literal the SSRF guard
     refuses). The address policy is fixed for the sender's life, so the verdict is too."""
 
-    __slots__ = ("url", "host", "slots", "failure", "detail")
+    __slots__ = ("url", "host", "port", "slots", "failure", "detail")
 
     def __init__(
         self,
@@ -105,9 +108,11 @@ class _Target:
         failure: Failure | None = None,
         detail: str = "",
         host: str = "",
+        port: int = 0,
     ) -> None:
         self.url = url
         self.host = host
+        self.port = port
         self.slots = slots
         self.failure = failure
         self.detail = detail
@@ -133,6 +138,8 @@ class WebhookSender:
         #: (when the verdict expires, the refusal or ``None``).
         self._verdicts: dict[str, tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        #: Requests without TLS settings or a proxy of their own, with PIPELINE_HTTP_CLIENT=reqwest.
+        self._reqwest: ReqwestPoster | None = None
         self._slots: dict[str, Slots] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: dict[ClientTls, tuple[float, ssl.SSLContext | str]] = {}
@@ -158,11 +165,24 @@ class WebhookSender:
             # Cookies a receiver sets are never sent back, to it or to anyone else.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        if self._settings.http_client == "reqwest":
+            from pipeline.http.reqwest_post import ReqwestPoster
+
+            self._reqwest = await ReqwestPoster(
+                self._resolver,
+                self._settings.delivery_timeout,
+                snippet_bytes=RESPONSE_SNIPPET_BYTES,
+                max_bytes=_MAX_RESPONSE_BYTES,
+                detail_chars=_DETAIL_CHARS,
+            ).start()
         self._awake.start()
         return self
 
     async def aclose(self) -> None:
         self._awake.stop()
+        if self._reqwest is not None:
+            await self._reqwest.aclose()
+            self._reqwest = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -330,9 +350,8 @@ class WebhookSender:
         try:
             parts = urlsplit(url)
             host = parts.hostname or ""
-            origin = (
-                f"{parts.scheme}://{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
-            )
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            origin = f"{parts.scheme}://{host}:{port}"
         except ValueError as exc:
             return _Target(url, None, Failure.INVALID_URL, str(exc))
         if is_ip_literal(host):
@@ -344,7 +363,7 @@ class WebhookSender:
             slots = self._slots[origin] = Slots(
                 self._settings.max_connections_per_host, interval=SILENCE_CHECK
             )
-        return _Target(url, slots, host=host)
+        return _Target(url, slots, host=host, port=port)
 
     async def _refusal_behind_proxy(self, host: str) -> str | None:
         """Why ``host`` may not be reached (``None``: it may), judged on its addresses here: any
@@ -434,7 +453,10 @@ class WebhookSender:
             health.started(endpoint)
             result: UrlResult | None = None
             try:
-                result = await self.post(url, headers, body, tls, proxy)
+                if self._reqwest is not None and tls is None and proxy is None:
+                    result = await self._reqwest.post(url, target.host, target.port, headers, body)
+                else:
+                    result = await self.post(url, headers, body, tls, proxy)
             finally:
                 health.ended(endpoint, result)
         finally:

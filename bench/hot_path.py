@@ -1,0 +1,93 @@
+"""Section 17 of ``make bench``: the hot path's choices, each against the other (issue 36).
+
+Section 1's end to end (one ``pipeline worker`` with its log store, the same receiver), once
+per variant of the worker's settings, alternated within each run: deliveries/s at the receiver
+and the worker process's CPU seconds per 1,000 calls. A variant's
+ratio is taken against the first variant in the same run, then the median of the runs is
+reported.
+
+Variants:
+
+- ``asyncio``: ``PIPELINE_EVENT_LOOP=asyncio``, the standard library's event loop;
+- ``uvloop``: ``PIPELINE_EVENT_LOOP=uvloop`` (the default where it is installed).
+
+Run alone: ``python -m bench --only 17``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._harness import Deployment, Receiver, Worker, backlog_run
+
+__all__ = ["VARIANTS", "section_hot_path"]
+
+#: Each variant's settings (the first is the reference).
+VARIANTS: dict[str, dict[str, str]] = {
+    "aiohttp, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "aiohttp"},
+    "aiohttp, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "aiohttp"},
+    "reqwest, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "reqwest"},
+    "reqwest, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "reqwest"},
+}
+
+
+def section_hot_path(
+    bench: Any,
+    *,
+    warm_up: Callable[..., None],
+    row: Callable[..., Any],
+    fmt: Callable[..., str],
+    median: Callable[[list[float]], float],
+    log: Callable[[str], None],
+) -> None:
+    count = bench.n(20_000)
+    receiver = Receiver()
+    deployments, workers = {}, {}
+    names = tuple(VARIANTS)
+    for name in names:
+        deployment = deployments[name] = Deployment(bench.bootstrap, f"hot-{name.replace(', ', '-')}")
+        deployment.apply({"s": [("d1", [receiver.url()])]})
+        label = name.replace(", ", "-")
+        workers[name] = Worker("worker", deployment.env(**VARIANTS[name]), f"hot-{label}")
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    try:
+        for name in names:
+            warm_up(receiver, deployments[name], "s")
+        for run in range(bench.runs):
+            for name in names if run % 2 == 0 else tuple(reversed(names)):
+                records = list(deployments[name].call_records("s", count))
+                figures[name].append(
+                    backlog_run(receiver, deployments[name], workers[name], records, count)
+                )
+            log(
+                f"17 run {run + 1}: "
+                + ", ".join(
+                    f"{name} {figures[name][-1][0]:,.0f}/s ({figures[name][-1][1]:.3f} CPU s/1k)"
+                    for name in names
+                )
+            )
+    finally:
+        for worker in workers.values():
+            worker.stop()
+        receiver.stop()
+    base = names[0]
+    rates = {name: [r for r, _ in runs] for name, runs in figures.items()}
+    cpu = {name: [c for _, c in runs] for name, runs in figures.items()}
+    for name in names[1:]:
+        ratios = [a / b for a, b in zip(rates[name], rates[base], strict=True)]
+        cpu_ratios = [b / a for a, b in zip(cpu[name], cpu[base], strict=True)]
+        bench.rows.append(
+            row(
+                "17",
+                f"hot path: {name} vs {base}, one worker with its log, {count:,} calls: "
+                f"deliveries/s (CPU s per 1,000 calls {median(cpu[name]):.3f} vs "
+                f"{median(cpu[base]):.3f}: {median(cpu_ratios):.2f}× less)",
+                fmt(median(rates[name])),
+                f"{base}: {fmt(median(rates[base]))}",
+                f"{median(ratios):.2f}",
+                "reference",
+                None,
+                [f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates[name], rates[base], strict=True)],
+            )
+        )

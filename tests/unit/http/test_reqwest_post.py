@@ -1,0 +1,213 @@
+"""``PIPELINE_HTTP_CLIENT=reqwest``: the sender's requests through pyreqwest mean what they mean
+through aiohttp (status, failure, snippet, ``Retry-After``), the SSRF guard holds for host names
+(pinned to the address judged) and IP literals, redirects are not followed, and a destination with
+its own TLS settings or proxy stays on aiohttp. Real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trustme
+from aiohttp import web
+
+from pipeline.core.config import Destination
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.core.settings import Settings
+from pipeline.http import reqwest_post
+from pipeline.http.sender import WebhookSender
+from pipeline.runtime.net import free_port
+
+LOOPBACK = Settings(http_client="reqwest", allowed_networks=("127.0.0.0/8",), delivery_timeout=1.0)
+
+
+def destination(url: str, **fields: object) -> Destination:
+    return Destination(id="d", sources=["web"], webhooks=[{"url": url}], **fields)
+
+
+Test = Callable[[WebhookSender, str, list[web.Request]], Awaitable[None]]
+
+
+def with_server(
+    test: Test, settings: Settings = LOOPBACK, tls: ssl.SSLContext | None = None
+) -> None:
+    """Run ``test`` with a started sender and a server on 127.0.0.1 (its base URL; the requests
+    it got): ``/ok`` 200, ``/fail`` 500 with a body, ``/slow`` 429 with ``Retry-After: 7``,
+    ``/moved`` 302 to ``/ok``, ``/hang`` past the timeout."""
+    seen: list[web.Request] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        seen.append(request)
+        if request.path == "/fail":
+            return web.Response(status=500, text="database is down " + "x" * 5000)
+        if request.path == "/slow":
+            return web.Response(status=429, headers={"Retry-After": "7"})
+        if request.path == "/moved":
+            return web.Response(status=302, headers={"Location": "/ok"})
+        if request.path == "/hang":
+            await asyncio.sleep(3)
+        return web.Response(status=200, text="ok")
+
+    async def go() -> None:
+        app = web.Application()
+        app.router.add_route("POST", "/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sender = await WebhookSender(settings).start()
+        assert sender._reqwest is not None
+        try:
+            await test(sender, f"{'https' if tls else 'http'}://127.0.0.1:{port}", seen)
+        finally:
+            await sender.aclose()
+            await runner.cleanup()
+
+    asyncio.run(go())
+
+
+async def post(sender: WebhookSender, url: str, **fields: object) -> UrlResult:
+    [result] = await sender.attempt(destination(url, **fields), b'{"a":1}', "m1")
+    return result
+
+
+def test_answers_mean_what_they_mean_through_aiohttp() -> None:
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        ok = await post(sender, f"{base}/ok")
+        assert (ok.status, ok.failure) == (200, None)
+        assert seen[0].headers["Content-Type"] == "application/json"
+        assert seen[0].headers["User-Agent"].startswith("pipeline")
+        failed = await post(sender, f"{base}/fail")
+        assert (failed.status, failed.failure) == (500, Failure.SERVER_ERROR)
+        assert failed.detail.startswith("database is down") and len(failed.detail) == 200
+        assert len(failed.response) == 1024  # the log's snippet
+        slow = await post(sender, f"{base}/slow")
+        assert (slow.status, slow.failure, slow.retry_after) == (429, Failure.RATE_LIMITED, 7.0)
+        moved = await post(sender, f"{base}/moved")
+        assert (moved.status, moved.failure) == (302, Failure.REDIRECT)
+        assert [r.path for r in seen] == ["/ok", "/fail", "/slow", "/moved"]  # not followed
+        hung = await post(sender, f"{base}/hang")
+        assert (hung.status, hung.failure) == (None, Failure.TIMEOUT)
+        assert hung.detail == "no answer within 1 s" and hung.duration < 2.5
+
+    with_server(test)
+
+
+def test_a_refused_connection_and_an_answer_that_is_not_http() -> None:
+    async def test(sender: WebhookSender, _base: str, _seen: list[web.Request]) -> None:
+        refused = await post(sender, f"http://127.0.0.1:{free_port()}/hook")
+        assert (refused.status, refused.failure) == (None, Failure.CONNECTION_ERROR)
+        assert "refused" in refused.detail.lower()
+
+        async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1024)
+            writer.write(b"\x00\x01 this is not HTTP\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            bad = await post(sender, f"http://127.0.0.1:{port}/hook")
+        finally:
+            server.close()
+        assert bad.status is None
+        assert bad.failure is Failure.BAD_RESPONSE
+
+    with_server(test)
+
+
+def test_a_self_signed_receiver_is_a_tls_error_and_gets_no_request() -> None:
+    authority = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        assert base.startswith("https://")
+        result = await post(sender, f"{base}/ok")
+        assert (result.status, result.failure) == (None, Failure.TLS_ERROR)
+        assert "certificate" in result.detail.lower()
+        assert seen == []
+
+    with_server(test, tls=context)
+
+
+def test_a_host_name_is_judged_and_pinned_to_the_address_judged() -> None:
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        named = base.replace("127.0.0.1", "localhost")
+        result = await post(sender, f"{named}/ok")
+        assert (result.status, result.failure) == (200, None)
+        assert seen[0].headers["Host"] == named.removeprefix("http://")
+        assert seen[0].transport is not None
+        assert seen[0].transport.get_extra_info("peername")[0] == "127.0.0.1"
+
+    with_server(test)
+
+
+def test_the_ssrf_guard_refuses_a_blocked_host_name_and_ip_literal() -> None:
+    guarded = Settings(http_client="reqwest", delivery_timeout=1.0)  # loopback not allowed
+
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        by_name = await post(sender, base.replace("127.0.0.1", "localhost") + "/ok")
+        assert (by_name.status, by_name.failure) == (None, Failure.BLOCKED_ADDRESS)
+        assert "loopback" in by_name.detail
+        literal = await post(sender, f"{base}/ok")
+        assert (literal.status, literal.failure) == (None, Failure.BLOCKED_ADDRESS)
+        assert seen == []
+
+    with_server(test, guarded)
+
+
+def test_a_destination_with_its_own_proxy_stays_on_aiohttp() -> None:
+    """reqwest would not go through it the guarded way: the request goes to the proxy,
+    as aiohttp sends it (a refusing proxy's answer, in aiohttp's words)."""
+
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        proxy = socket.socket()
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        proxy_port = proxy.getsockname()[1]
+        proxy.close()  # nothing listens there: the proxy cannot be reached
+        result = await post(sender, f"{base}/ok", proxy=f"http://127.0.0.1:{proxy_port}")
+        assert (result.status, result.failure) == (None, Failure.CONNECTION_ERROR)
+        assert "ClientProxyConnectionError" in result.detail
+        assert seen == []
+
+    with_server(test)
+
+
+def test_a_host_is_pinned_once_and_keeps_its_client_while_its_address_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many first requests to a host wait for one client; once its pin expires the host is
+    judged again, and the same address keeps the same client (and its connections)."""
+
+    async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
+        named = base.replace("127.0.0.1", "localhost") + "/ok"
+        poster = sender._reqwest
+        assert poster is not None
+        built: list[str] = []
+        build = poster._client
+
+        async def counted(host: str = "", address: str = "", port: int = 0) -> Any:
+            built.append(host)
+            return await build(host, address, port)
+
+        monkeypatch.setattr(poster, "_client", counted)
+        results = await asyncio.gather(*(post(sender, named) for _ in range(20)))
+        assert [r.status for r in results] == [200] * 20
+        assert built == ["localhost"]
+        first = poster._pins["localhost"]
+        monkeypatch.setattr(reqwest_post, "PIN_SECONDS", 0.0)
+        first.until = 0.0  # expired: judged again on the next request
+        assert (await post(sender, named)).status == 200
+        assert poster._pins["localhost"].client is first.client
+        assert built == ["localhost"] and len(seen) == 21
+
+    with_server(test)
