@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -44,6 +46,8 @@ __all__ = [
     "Failed",
     "FLUSH_TIMEOUT",
 ]
+
+log = logging.getLogger("pipeline.kafka")
 
 #: How long ``AckedProducer`` waits for the last acknowledgements, and for room in its queue.
 FLUSH_TIMEOUT = 60.0
@@ -137,8 +141,17 @@ class AsyncProducer:
         return self._producer
 
     def _poll(self) -> None:
+        """Serve Kafka's answers until ``close``. A callback that raises makes ``poll`` raise
+        (confluent-kafka may turn it into a ``SystemError``); the thread lives on, since every
+        later acknowledgement would be lost with it, and the worker would wait for them."""
+        said = float("-inf")
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except Exception:
+                if time.monotonic() - said > 60.0:
+                    said = time.monotonic()
+                    log.exception("producer: a delivery callback failed (said once a minute)")
 
     async def send_all(self, records: Sequence[Produced], *, ends: Ends = None) -> list[Failed]:
         """Produce every record; return the ones Kafka refused, once all answered (``ends``: see
