@@ -46,7 +46,9 @@ def section_hot_path(
     deployments, workers = {}, {}
     names = tuple(VARIANTS)
     for name in names:
-        deployment = deployments[name] = Deployment(bench.bootstrap, f"hot-{name.replace(', ', '-')}")
+        deployment = deployments[name] = Deployment(
+            bench.bootstrap, f"hot-{name.replace(', ', '-')}"
+        )
         deployment.apply({"s": [("d1", [receiver.url()])]})
         label = name.replace(", ", "-")
         workers[name] = Worker("worker", deployment.env(**VARIANTS[name]), f"hot-{label}")

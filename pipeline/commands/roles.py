@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pipeline.commands._args import Subparsers, metrics_port_flag
 from pipeline.core.settings import Settings
@@ -40,6 +40,14 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="do not start a log-store beside the worker (it runs elsewhere)",
             )
+            parser.add_argument(
+                "--processes",
+                type=_at_least_one,
+                metavar="N",
+                help="worker processes under one supervisor, each a member of every group "
+                "(env PIPELINE_WORKER_PROCESSES; default one a core, 1 on the embedded broker); "
+                "with --metrics-port P they serve /metrics on P..P+N-1, the log-store on P+N",
+            )
         parser.set_defaults(run=run, kafka="check")
 
 
@@ -49,14 +57,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if getattr(args, "rebuild", False):
         _rebuild(settings)
-    serve_metrics(args.metrics_port)
     if args.command != "worker":
+        serve_metrics(args.metrics_port)
         run_roles_until_signalled(settings, [args.command])
         return 0
     # The log-store runs in a process of its own: its decoding and writing would otherwise take
     # the delivery roles' interpreter lock. It is started only where the pipeline logs.
     wanted = settings.log and not args.no_log_store
-    log_store = _start_log_store(args, settings) if wanted else None
+    processes = args.processes or settings.worker_processes or _cores()
+    if processes > 1:  # the children serve /metrics
+        return _supervised(args, settings, processes, wanted)
+    serve_metrics(args.metrics_port)
+    log_store = _start(_command(args, settings, "log-store", 1)) if wanted else None
     try:
         run_roles_until_signalled(settings, [role for role in ROLES if role != "log-store"])
     finally:
@@ -65,33 +77,65 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _start_log_store(args: argparse.Namespace, settings: Settings) -> subprocess.Popen[bytes]:
-    """``pipeline log-store`` with the worker's settings (and ``/metrics`` on the next port); it
-    gets SIGTERM if the worker dies without stopping it (Linux)."""
-    command = [sys.executable, "-m", "pipeline", "log-store"]
+def _supervised(
+    args: argparse.Namespace, settings: Settings, processes: int, log_store: bool
+) -> int:
+    """``processes`` workers (``/metrics`` on the port and the next ones) and the log-store
+    (on the port after them), under one supervisor."""
+    from pipeline.commands.supervisor import Child, supervise
+
+    children = [
+        Child(
+            f"worker {n + 1} of {processes}",
+            _command(args, settings, "worker", n, "--processes", "1", "--no-log-store"),
+        )
+        for n in range(processes)
+    ]
+    if log_store:
+        children.append(Child("log-store", _command(args, settings, "log-store", processes)))
+    return supervise(children, start=_start)
+
+
+def _command(
+    args: argparse.Namespace, settings: Settings, role: str, port_offset: int, *extra: str
+) -> list[str]:
+    """``pipeline ROLE`` with the same settings, ``/metrics`` on ``--metrics-port`` +
+    ``port_offset``."""
+    command = [sys.executable, "-m", "pipeline", role, *extra]
     command += ["--bootstrap-servers", settings.bootstrap_servers]
     command += ["--topic-prefix", settings.topic_prefix]
     if args.settings:
         command += ["--settings", args.settings]
     if args.metrics_port:
-        command += ["--metrics-port", str(args.metrics_port + 1)]
+        command += ["--metrics-port", str(args.metrics_port + port_offset)]
     if args.verbose:
         command.append("--verbose")
+    return command
+
+
+def _start(command: Sequence[str]) -> subprocess.Popen[bytes]:
+    """``command``, which gets SIGTERM if this process dies without stopping it (Linux)."""
+    from pipeline.commands.supervisor import die_with_parent
+
     parent = os.getpid()
-    return subprocess.Popen(command, preexec_fn=lambda: _die_with_parent(parent))
+    return subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent))
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the parent dies. A parent that died
-    before the request took effect (killed right after the fork) would never send it: then the
-    child goes at once."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers' cpusets set)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:

@@ -244,6 +244,9 @@ class Settings(BaseSettings):
     circuit_cool_down: Seconds = 30.0
     #: Each failed probe in a row doubles that wait, up to this.
     circuit_cool_down_max: Seconds = 300.0
+    #: Processes of ``pipeline worker``, each a member of every group, under one supervisor
+    #: (``None``: one a core, or 1 on the embedded broker); ``--processes`` overrides it.
+    worker_processes: AtLeastOne | None = None
     #: The event loop of long-running commands: ``auto`` (uvloop if installed, else asyncio's),
     #: ``uvloop`` or ``asyncio`` (``pipeline.runtime.event_loop``).
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"

@@ -190,6 +190,8 @@ def fit_to_cluster(settings: Settings, cluster: Cluster, *, say: bool = True) ->
     ):
         changes["session_timeout"] = EMBEDDED_SESSION_TIMEOUT
         said.append(f"consumer session timeout {EMBEDDED_SESSION_TIMEOUT:g} s")
+    if "worker_processes" not in given:  # one machine's development broker
+        changes["worker_processes"] = 1
     if said and say:
         log.info(
             "embedded broker (cluster id %s): %s (set PIPELINE_TRANSACTIONS or "

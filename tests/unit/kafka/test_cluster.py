@@ -57,6 +57,7 @@ def test_the_embedded_broker_gets_no_transactions_and_a_short_session_timeout(
         fitted = fit_to_cluster(Settings(partitions=3), Cluster("pipeline-embedded", 1))
     assert fitted.transactions is False
     assert fitted.session_timeout == 6.0
+    assert fitted.worker_processes == 1  # one machine's broker: one worker process
     assert fitted.partitions == 3
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
@@ -77,10 +78,11 @@ def test_tansus_own_default_cluster_id_is_the_embedded_broker_too() -> None:
 def test_what_a_setting_chose_is_kept_on_the_embedded_broker(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    chosen = Settings(transactions=True, session_timeout=10.0)
+    chosen = Settings(transactions=True, session_timeout=10.0, worker_processes=2)
     with caplog.at_level(logging.WARNING, logger="pipeline.kafka"):
         fitted = fit_to_cluster(chosen, Cluster("pipeline-embedded", 1))
     assert fitted.transactions is True and fitted.session_timeout == 10.0
+    assert fitted.worker_processes == 2
     assert "router transactions are on (PIPELINE_TRANSACTIONS)" in caplog.text
 
 
@@ -88,3 +90,4 @@ def test_production_clusters_keep_the_defaults() -> None:
     settings = Settings()
     assert fit_to_cluster(settings, Cluster("lkc-abc123", 3)) is settings
     assert settings.transactions is True and settings.session_timeout is None
+    assert settings.worker_processes is None  # one a core
