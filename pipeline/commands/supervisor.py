@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["Child", "supervise"]
 
@@ -44,7 +44,7 @@ class Child:
     started_at: float = 0.0
     backoff: float = 1.0
     due: float = 0.0  # when a dead child starts again (monotonic seconds)
-    restarts: int = field(default=0)
+    starts: int = 0
 
 
 def supervise(
@@ -102,11 +102,11 @@ def supervise(
 def _start(child: Child, start: Callable[[Sequence[str]], subprocess.Popen[bytes]]) -> None:
     child.process = start(child.command)
     child.started_at = time.monotonic()
-    if child.restarts:
+    if child.starts:
         log.info("%s started again (pid %d)", child.name, child.process.pid)
     else:
         log.info("%s started (pid %d)", child.name, child.process.pid)
-    child.restarts += 1
+    child.starts += 1
 
 
 def _stop_all(children: list[Child]) -> None:
