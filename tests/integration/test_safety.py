@@ -27,6 +27,7 @@ from tests.support import (
     simple_config,
     stays,
     wait_for,
+    wait_or_tell,
 )
 
 TRACK = {"type": "track", "userId": "u1", "event": "Guarded"}
@@ -121,7 +122,15 @@ def test_a_hanging_endpoint_does_not_hold_up_a_healthy_one(
     started = time.monotonic()
     send_calls(settings, [dict(TRACK, messageId=f"h-{i}") for i in range(300)], "wk")
 
-    wait_for(lambda: len(healthy.delivered()) == 300, timeout=30)
+    wait_or_tell(
+        lambda: len(healthy.delivered()) == 300,
+        30,
+        {},
+        lambda: (
+            f"healthy: {len(healthy.delivered())} of 300 delivered, "
+            f"{healthy.count()} requests; hanging: {hanging.count()} requests"
+        ),
+    )
     elapsed = time.monotonic() - started
     print(
         f"\nhealthy destination: 300 delivered in {elapsed:.1f} s beside a hanging one; "
