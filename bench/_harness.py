@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +287,32 @@ def produce_all(settings: Settings, topic: str, records: Iterable[tuple[Any, ...
     if left or errors:
         raise RuntimeError(f"produce failed: {left} unacknowledged, errors {errors[:3]}")
     return count
+
+
+def alternated(
+    section: str,
+    runs: int,
+    modes: Sequence[str],
+    measure: Callable[[str], tuple[float, float]],
+    log: Callable[[str], None],
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """``measure(mode)`` (a rate, the worker's CPU seconds per 1,000 calls) for every mode in
+    each of ``runs`` runs, in the reverse order every other run (so that no mode always runs on
+    the warmer machine), each run logged: (rates, CPU) by mode, a figure a run."""
+    figures: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for run in range(runs):
+        for mode in modes if run % 2 == 0 else tuple(reversed(modes)):
+            figures[mode].append(measure(mode))
+        log(
+            f"{section} run {run + 1}: "
+            + ", ".join(
+                f"{mode} {figures[mode][-1][0]:,.0f}/s ({figures[mode][-1][1]:.3f} CPU s/1k)"
+                for mode in modes
+            )
+        )
+    rates = {mode: [rate for rate, _ in runs_] for mode, runs_ in figures.items()}
+    cpu = {mode: [used for _, used in runs_] for mode, runs_ in figures.items()}
+    return rates, cpu
 
 
 def backlog_run(

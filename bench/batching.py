@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, backlog_run, wait_answered
+from ._harness import Deployment, Receiver, Worker, alternated, backlog_run, wait_answered
 
 __all__ = ["section_batching"]
 
@@ -49,26 +49,22 @@ def section_batching(
         "on": Worker("worker --no-log-store", on.env(), "batch-on"),
     }
     deployments = {"off": off, "on": on}
-    figures: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     try:
         warm_up(receiver, off, "s")
         receiver.reset()
         on.produce_calls("s", 20)
         wait_answered(receiver, 20, timeout=90, stall=60, counted="calls")
-        for run in range(bench.runs):
-            for mode in ("off", "on") if run % 2 == 0 else ("on", "off"):
-                figures[mode].append(_run(receiver, deployments[mode], workers[mode], count))
-            log(
-                f"15 run {run + 1}: batching off {figures['off'][-1][0]:,.0f} calls/s "
-                f"({figures['off'][-1][1]:.3f} CPU s/1k), on {figures['on'][-1][0]:,.0f} calls/s "
-                f"({figures['on'][-1][1]:.3f} CPU s/1k)"
-            )
+        rates, cpu = alternated(
+            "15",
+            bench.runs,
+            ("off", "on"),
+            lambda mode: _run(receiver, deployments[mode], workers[mode], count),
+            log,
+        )
     finally:
         for worker in workers.values():
             worker.stop()
         receiver.stop()
-    rates = {mode: [rate for rate, _ in runs] for mode, runs in figures.items()}
-    cpu = {mode: [per for _, per in runs] for mode, runs in figures.items()}
     speedups = [a / b for a, b in zip(rates["on"], rates["off"], strict=True)]
     savings = [b / a for a, b in zip(cpu["on"], cpu["off"], strict=True)]
     bench.rows += [

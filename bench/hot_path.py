@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, backlog_run
+from ._harness import Deployment, Receiver, Worker, alternated, backlog_run
 
 __all__ = ["VARIANTS", "section_hot_path"]
 
@@ -46,36 +46,24 @@ def section_hot_path(
     deployments, workers = {}, {}
     names = tuple(VARIANTS)
     for name in names:
-        deployment = deployments[name] = Deployment(
-            bench.bootstrap, f"hot-{name.replace(', ', '-')}"
-        )
+        label = "hot-" + name.replace(", ", "-")
+        deployment = deployments[name] = Deployment(bench.bootstrap, label)
         deployment.apply({"s": [("d1", [receiver.url()])]})
-        label = name.replace(", ", "-")
-        workers[name] = Worker("worker", deployment.env(**VARIANTS[name]), f"hot-{label}")
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        workers[name] = Worker("worker", deployment.env(**VARIANTS[name]), label)
+
+    def measure(name: str) -> tuple[float, float]:
+        records = list(deployments[name].call_records("s", count))  # before the clock starts
+        return backlog_run(receiver, deployments[name], workers[name], records, count)
+
     try:
         for name in names:
             warm_up(receiver, deployments[name], "s")
-        for run in range(bench.runs):
-            for name in names if run % 2 == 0 else tuple(reversed(names)):
-                records = list(deployments[name].call_records("s", count))
-                figures[name].append(
-                    backlog_run(receiver, deployments[name], workers[name], records, count)
-                )
-            log(
-                f"17 run {run + 1}: "
-                + ", ".join(
-                    f"{name} {figures[name][-1][0]:,.0f}/s ({figures[name][-1][1]:.3f} CPU s/1k)"
-                    for name in names
-                )
-            )
+        rates, cpu = alternated("17", bench.runs, names, measure, log)
     finally:
         for worker in workers.values():
             worker.stop()
         receiver.stop()
     base = names[0]
-    rates = {name: [r for r, _ in runs] for name, runs in figures.items()}
-    cpu = {name: [c for _, c in runs] for name, runs in figures.items()}
     for name in names[1:]:
         ratios = [a / b for a, b in zip(rates[name], rates[base], strict=True)]
         cpu_ratios = [b / a for a, b in zip(cpu[name], cpu[base], strict=True)]

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._harness import Deployment, Receiver, Worker, backlog_run
+from ._harness import Deployment, Receiver, Worker, alternated, backlog_run
 
 __all__ = ["section_tracing"]
 
@@ -87,24 +87,15 @@ def section_tracing(
         env = deployment.env(**(exporting if mode in ("1 %", "100 %") else {}))
         workers[mode] = Worker("worker --no-log-store", env, name)
     rng = random.Random(16)
-    figures: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+
+    def measure(mode: str) -> tuple[float, float]:
+        sampled = None if mode == "none" else SAMPLED[mode]
+        return _run(receiver, deployments[mode], workers[mode], count, sampled, rng)
+
     try:
         for mode in MODES:
             warm_up(receiver, deployments[mode], "s")
-        for run in range(bench.runs):
-            order = MODES if run % 2 == 0 else tuple(reversed(MODES))
-            for mode in order:
-                sampled = None if mode == "none" else SAMPLED[mode]
-                figures[mode].append(
-                    _run(receiver, deployments[mode], workers[mode], count, sampled, rng)
-                )
-            log(
-                f"16 run {run + 1}: "
-                + ", ".join(
-                    f"{mode} {figures[mode][-1][0]:,.0f}/s ({figures[mode][-1][1]:.3f} CPU s/1k)"
-                    for mode in MODES
-                )
-            )
+        rates, cpu = alternated("16", bench.runs, MODES, measure, log)
         time.sleep(1)  # the last exports
         exports = collector.stats().get("answered", 0)
     finally:
@@ -112,8 +103,6 @@ def section_tracing(
             worker.stop()
         receiver.stop()
         collector.stop()
-    rates = {mode: [r for r, _ in runs] for mode, runs in figures.items()}
-    cpu = {mode: [c for _, c in runs] for mode, runs in figures.items()}
     for mode, (base, target) in AGAINST.items():
         ratios = [a / b for a, b in zip(rates[mode], rates[base], strict=True)]
         bench.rows.append(
