@@ -13,6 +13,7 @@ __all__ = [
     "common_flags",
     "server_flags",
     "metrics_port_flag",
+    "positive",
     "settings_from",
     "loaded_settings_from",
 ]
@@ -55,6 +56,17 @@ def metrics_port_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port"
     )
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def loaded_settings_from(args: argparse.Namespace) -> LoadedSettings:

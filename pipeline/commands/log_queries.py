@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pipeline.commands._args import Subparsers
+from pipeline.commands._args import Subparsers, positive
 from pipeline.core.settings import Settings
 from pipeline.store import LOG_STATES
 
@@ -62,7 +62,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     _window_flags(log, since=None)
     log.add_argument(
-        "--limit", type=_positive, default=50, metavar="N", help="at most N lines (default 50)"
+        "--limit", type=positive, default=50, metavar="N", help="at most N lines (default 50)"
     )
     _json_flag(log)
     log.set_defaults(run=run)
@@ -90,16 +90,6 @@ def _window_flags(parser: argparse.ArgumentParser, *, since: str | None) -> None
         help=f"from T: a time (2026-11-21T07:00:00Z) or a duration ago (2h, 30m){default}",
     )
     parser.add_argument("--until", metavar="T", help="up to T: a time or a duration ago")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:

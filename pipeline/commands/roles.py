@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
-from pipeline.commands._args import Subparsers, metrics_port_flag
+from pipeline.commands._args import Subparsers, metrics_port_flag, positive
 from pipeline.core.settings import Settings
 
 __all__ = ["register", "run", "run_roles_until_signalled"]
@@ -42,7 +42,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
             )
             parser.add_argument(
                 "--processes",
-                type=_at_least_one,
+                type=positive,
                 metavar="N",
                 help="worker processes under one supervisor, each a member of every group "
                 "(env PIPELINE_WORKER_PROCESSES; default one a core, 1 on the embedded broker); "
@@ -126,16 +126,6 @@ def _cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
