@@ -28,8 +28,9 @@ from pyreqwest.exceptions import (
     RequestTimeoutError,
 )
 
-from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_after
+from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
+from pipeline.http.sender import answered, unanswered
 
 __all__ = ["PIN_SECONDS", "ReqwestPoster"]
 
@@ -57,15 +58,11 @@ class ReqwestPoster:
         resolver: GuardedResolver,
         timeout: float,
         *,
-        snippet_bytes: int,
         max_bytes: int,
-        detail_chars: int,
     ) -> None:
         self._resolver = resolver
         self._timeout = timeout
-        self._snippet_bytes = snippet_bytes
         self._max_bytes = max_bytes
-        self._detail_chars = detail_chars
         self._literal: Client | None = None  # for URLs whose host is an IP address
         self._pins: dict[str, _Pin] = {}
         self._pinning: dict[str, asyncio.Task[Client]] = {}
@@ -131,31 +128,11 @@ class ReqwestPoster:
             client = await self._client_for(host, port)
             request = client.post(url).headers(headers).body_bytes(body).build_streamed()
             async with request as response:
-                status = response.status
                 read = await response.body_reader.read(self._max_bytes)  # frees the connection
-                failure = classify(status)
-                if failure is None:
-                    return UrlResult(url, status, None, "", time.monotonic() - started)
-                text = b"" if read is None else bytes(read)
-                retry_after = None
-                if status in (429, 503):
-                    retry_after = parse_retry_after(
-                        response.headers.get("Retry-After"), time.time()
-                    )
-                snippet = text[: self._snippet_bytes].decode("utf-8", "replace")
-                return UrlResult(
-                    url,
-                    status,
-                    failure,
-                    snippet[: self._detail_chars],
-                    time.monotonic() - started,
-                    retry_after,
-                    snippet,
-                )
+                body = b"" if read is None else bytes(read)
+                return answered(url, response.status, response.headers, body, started)
         except (PyreqwestError, OSError) as exc:
-            failure, detail = self.failure_of(exc)
-            detail = detail[: self._detail_chars]
-            return UrlResult(url, None, failure, detail, time.monotonic() - started)
+            return unanswered(url, *self.failure_of(exc), started)
 
     def failure_of(self, exc: BaseException) -> tuple[Failure, str]:
         """What an exception of a request means, and its words."""

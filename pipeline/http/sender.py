@@ -31,7 +31,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -169,11 +169,7 @@ class WebhookSender:
             from pipeline.http.reqwest_post import ReqwestPoster
 
             self._reqwest = await ReqwestPoster(
-                self._resolver,
-                self._settings.delivery_timeout,
-                snippet_bytes=RESPONSE_SNIPPET_BYTES,
-                max_bytes=_MAX_RESPONSE_BYTES,
-                detail_chars=_DETAIL_CHARS,
+                self._resolver, self._settings.delivery_timeout, max_bytes=_MAX_RESPONSE_BYTES
             ).start()
         self._awake.start()
         return self
@@ -526,28 +522,9 @@ class WebhookSender:
                 url, data=body, headers=headers, allow_redirects=False, **options
             ) as response:
                 text = await response.content.read(_MAX_RESPONSE_BYTES)
-                status = response.status
-                failure = classify(status)
-                if failure is None:
-                    return UrlResult(url, status, None, "", time.monotonic() - started)
-                retry_after = None
-                if status in (429, 503):
-                    retry_after = parse_retry_after(
-                        response.headers.get("Retry-After"), time.time()
-                    )
-                snippet = text[:RESPONSE_SNIPPET_BYTES].decode("utf-8", "replace")
-                return UrlResult(
-                    url,
-                    status,
-                    failure,
-                    snippet[:_DETAIL_CHARS],
-                    time.monotonic() - started,
-                    retry_after,
-                    snippet,
-                )
+                return answered(url, response.status, response.headers, text, started)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            failure, detail = self.failure_of(exc)
-            return UrlResult(url, None, failure, detail[:_DETAIL_CHARS], time.monotonic() - started)
+            return unanswered(url, *self.failure_of(exc), started)
 
     def failure_of(self, exc: BaseException) -> tuple[Failure, str]:
         """What an exception of a request means, and its words: the one table from aiohttp's and
@@ -570,6 +547,27 @@ class WebhookSender:
         if isinstance(exc, aiohttp.ClientResponseError | aiohttp.ClientPayloadError):
             return Failure.BAD_RESPONSE, _describe(exc)
         return Failure.CONNECTION_ERROR, _describe(exc)
+
+
+def answered(
+    url: str, status: int, headers: Mapping[str, str], body: bytes, started: float
+) -> UrlResult:
+    """What an answer to a POST made at ``started`` (monotonic seconds) means: its status, its
+    ``Retry-After`` on a 429 or 503, and the first bytes of its ``body``."""
+    failure = classify(status)
+    if failure is None:
+        return UrlResult(url, status, None, "", time.monotonic() - started)
+    retry_after = None
+    if status in (429, 503):
+        retry_after = parse_retry_after(headers.get("Retry-After"), time.time())
+    snippet = body[:RESPONSE_SNIPPET_BYTES].decode("utf-8", "replace")
+    took = time.monotonic() - started
+    return UrlResult(url, status, failure, snippet[:_DETAIL_CHARS], took, retry_after, snippet)
+
+
+def unanswered(url: str, failure: Failure, detail: str, started: float) -> UrlResult:
+    """A POST made at ``started`` that got no answer (``failure``, in ``detail``'s words)."""
+    return UrlResult(url, None, failure, detail[:_DETAIL_CHARS], time.monotonic() - started)
 
 
 def merged_headers(static: dict[str, str], signed: dict[str, str]) -> dict[str, str]:
