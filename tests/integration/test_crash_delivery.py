@@ -28,7 +28,7 @@ from tests.support import (
     started,
 )
 
-#: A kill costs a session timeout (6 s) and a group join before the work goes on; the final waits
+#: A kill costs a session timeout (3 s) and a group join before the work goes on; the final waits
 #: (90 s) fail with the processes' logs before pytest's own timeout does.
 pytestmark = pytest.mark.timeout(180)
 

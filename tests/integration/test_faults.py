@@ -13,7 +13,7 @@ from tests.support import apply, delivery_report, fault_calls, send_calls, simpl
 def test_sigkill_of_the_retry_worker_while_records_wait_in_a_tier(
     settings, receiver_factory, worker_factory, process_factory
 ):
-    # The killed member's session (6 s) must expire before the new one takes over: a deadline
+    # The killed member's session (3 s) must expire before the new one takes over: a deadline
     # longer than the compressed 8 s keeps this about loss, not about the deadline. No circuit
     # opens either: one can (the calls reach a worker in two batches, five 503s come back between
     # them), and the rest then go one probe a cool-down; a clean-clone run once timed out

@@ -30,7 +30,7 @@ from tests.support import (
     wait_or_tell,
 )
 
-#: A kill costs a session timeout (6 s) and a group join before the work goes on; the final waits
+#: A kill costs a session timeout (3 s) and a group join before the work goes on; the final waits
 #: (90 s) fail with the processes' logs before pytest's own timeout does.
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,7 +67,7 @@ def test_a_stopped_router_resumed_after_its_successor_took_over_stops_producing(
     at_stop, sent = receiver.count(), stream.sent
     assert sent < CALLS, "the stream ended before the stop: pace it slower"
 
-    # B takes over once A's session (6 s) timed out.
+    # B takes over once A's session (3 s) timed out.
     _, successor_log = started(process_factory, settings, "router", TRANSACTIONS_OFF)
     logs = {"stopped router": zombie_log, "deliver": deliver_log, "new router": successor_log}
     told = progress(receiver, settings)
