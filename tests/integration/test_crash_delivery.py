@@ -64,7 +64,7 @@ def test_sigkill_of_retry_doubles_at_most_what_was_in_flight_and_one_interval(
     process_factory: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     # Every first attempt fails, so every call goes through tier 0. The killed member's session
-    # (6 s) must expire before the next one takes over: a deadline well past the compressed 8 s,
+    # (3 s) must expire before the next one takes over: a deadline well past the compressed 8 s,
     # and circuits that never open (every attempt of the deliver role fails), keep this about
     # the crash, not about deadlines or circuit breakers.
     settings = settings.replace(retry_deadline=120.0, circuit_failures=1_000_000)
