@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from pipeline.core.settings import Settings
 from tests.integration.test_isolation import held
+from tests.integration.test_pace import calls
 from tests.support import (
     Receiver,
     Stderr,
@@ -66,13 +67,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def calls(prefix: str, count: int) -> list[dict[str, str]]:
-    return [
-        {"type": "track", "event": "E", "userId": f"u{n}", "messageId": f"{prefix}{n}"}
-        for n in range(count)
-    ]
-
-
 def test_two_processes_share_the_groups_a_killed_one_comes_back_and_sigterm_ends_all(
     settings: Settings,
     receiver_factory: Callable[..., Receiver],
@@ -94,7 +88,7 @@ def test_two_processes_share_the_groups_a_killed_one_comes_back_and_sigterm_ends
 
     wait_for(shared, timeout=60, interval=0.2)
     wait_for(lambda: try_scrape(port + 2) is not None, timeout=30)  # the log-store's /metrics
-    send_calls(settings, calls("a", 40), "wk")
+    send_calls(settings, calls(40, "a"), "wk")
     wait_for(lambda: unique_delivered(receiver) == 40, timeout=60)
 
     [first] = pids(log, "worker 1 of 2")
@@ -104,7 +98,7 @@ def test_two_processes_share_the_groups_a_killed_one_comes_back_and_sigterm_ends
     assert again != first and alive(again)
     assert any("worker 1 of 2 (pid" in line and "status -9" in line for line in log.lines)
     wait_for(shared, timeout=60, interval=0.2)
-    send_calls(settings, calls("b", 40), "wk")
+    send_calls(settings, calls(40, "b"), "wk")
     wait_for(lambda: unique_delivered(receiver) == 80, timeout=60)
 
     children = [again, *pids(log, "worker 2 of 2"), *pids(log, "log-store")]
