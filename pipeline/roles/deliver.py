@@ -82,7 +82,6 @@ from pipeline.roles.ordering import Lanes
 from pipeline.roles.parking import (
     Parking,
     ParkingBatch,
-    held_place,
     schedule_of,
     unpacked,
 )
@@ -567,10 +566,8 @@ class DeliveryHandler:
         self._spawn(self._batches.flush_on(self._stop))
 
     def owned_place(self, topic: str) -> tuple[str, int] | None:
-        """The lowest partition of ``topic`` held here (``None``: none is). Not one of another
-        tier: behind that tier's own records (60 s and more) a wait for a turn would last as
-        long, and the process's share would go unused."""
-        return held_place(self._owned, topic)
+        """A partition held here: of ``topic`` if one is, else the lowest (``None``: none)."""
+        return min(self._owned, key=lambda tp: (tp[0] != topic, tp), default=None)
 
     def _share_changed(self) -> None:
         """Rate limits are the group's: this process sends its partitions' share of them."""

@@ -19,7 +19,7 @@ its value.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pipeline.core.admission import (
@@ -93,18 +93,6 @@ _PARK_HEADER = "pipeline-park"
 AT_ROUTING = frozenset(
     {ParkReason.CIRCUIT_OPEN, ParkReason.SILENT, ParkReason.UNANSWERED, ParkReason.BACK_OFF}
 )
-
-
-def held_place(held: Iterable[tuple[str, int]], topic: str) -> tuple[str, int] | None:
-    """The lowest partition of ``topic`` among ``held`` (``None``: none of that topic).
-
-    >>> held_place({("retry.0", 2), ("retry.0", 1), ("retry.1", 0)}, "retry.0")
-    ('retry.0', 1)
-    >>> held_place({("retry.1", 0)}, "retry.0") is None   # not another tier's
-    True
-    """
-    return min((place for place in held if place[0] == topic), default=None)
-
 
 #: A parked-record counter (``pipeline_parked_total`` of one destination and reason).
 Counter = Any
@@ -311,8 +299,7 @@ class Parking:
         if park.reason is ParkReason.RATE_LIMITED:
             # Records waiting for their turn stay with this process where its retry role holds
             # a partition of the tier, and count then in its demand (its share of the rate);
-            # else (more processes than the tier has partitions) they go by key, and count
-            # where they come back.
+            # else they count where they come back.
             # (A tier's consumer goes by the schedule header, so any tier serves.)
             place = self.local_place(topic)
             if place is not None:
