@@ -334,7 +334,7 @@ class _IngestService:
         if tracing.enabled():  # the request's span: a child of the sender's, or a new trace
             span = tracing.start_span(
                 f"POST /v1/{kind}",
-                tracing.parent_context(request.headers),
+                request.headers,
                 tracing.SpanKind.SERVER,
                 {
                     "http.request.method": "POST",
@@ -462,7 +462,7 @@ def _passed_on(headers: Mapping[str, str]) -> tracing.TraceHeaders:
     )
 
 
-def _ended(span: tracing.Span, status: int, refused: str | None = None) -> None:
+def _ended(span: tracing.AnySpan, status: int, refused: str | None = None) -> None:
     span.set_attribute("http.response.status_code", status)
     if refused is not None:
         span.set_attribute("pipeline.refused", refused)

@@ -58,7 +58,7 @@ async def traced_post(
         return await post({**headers, **passed})
     span = tracing.start_span(
         "POST",
-        tracing.parent_context(trace),
+        trace,
         tracing.SpanKind.CLIENT,
         {"http.request.method": "POST", **_url_attributes(url), **attributes},
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.runtime import tracing
-from pipeline.runtime.tracing import Span, TraceHeaders
+from pipeline.runtime.tracing import AnySpan, TraceHeaders
 
 __all__ = ["WAIT_HEADER", "RETRY_WAIT", "wait_header", "waited", "held_wait", "batch_span"]
 
@@ -82,7 +82,7 @@ def _wait_span(
     """The span of a wait from ``since`` to ``now`` (epoch seconds), a child of ``trace``."""
     span = tracing.start_span(
         name,
-        tracing.parent_context(trace),
+        trace,
         attributes={"pipeline.wait.reason": reason, **attributes},
         start_time=since,
     )
@@ -93,7 +93,7 @@ def _wait_span(
 MAX_LINKS = 128
 
 
-def batch_span(traces: Sequence[TraceHeaders], label: str, destination: str) -> Span | None:
+def batch_span(traces: Sequence[TraceHeaders], label: str, destination: str) -> AnySpan | None:
     """The span of a batch's request (a trace of its own, linked to the calls' traces it carries;
     ``label``: ``batch_label``), and in each recorded call's trace a step linked to it, so each
     trace shows which batch took the call. ``None`` when no call's trace is recorded here (the

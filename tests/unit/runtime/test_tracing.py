@@ -69,8 +69,9 @@ def test_a_parent_based_sampler_records_only_a_sampled_context() -> None:
 
 def test_a_span_of_a_records_context_is_its_child_and_carries_the_trace_on() -> None:
     tracing.configure("worker", {"OTEL_TRACES_EXPORTER": "console"})
-    parent = tracing.parent_context([(tracing.TRACEPARENT, SAMPLED), (tracing.TRACESTATE, b"v=1")])
-    span = tracing.start_span("route track", parent)
+    span = tracing.start_span(
+        "route track", [(tracing.TRACEPARENT, SAMPLED), (tracing.TRACESTATE, b"v=1")]
+    )
     headers = dict(tracing.headers_of(span))
     span.end()
     trace_id, span_id = headers[tracing.TRACEPARENT].split(b"-")[1:3]

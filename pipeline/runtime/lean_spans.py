@@ -1,0 +1,335 @@
+"""Spans of a call's journey made and exported without the SDK's per-span machinery.
+
+A worker makes two spans a call (its routing and its attempt) when a trace is sampled. Through the
+SDK each costs about 45 µs to make (a ``Span`` with its lock, attribute cleaning, the context
+extracted and injected through the propagator) and about 50 µs to encode (the OTLP encoder builds a
+protobuf object per attribute and hashes the resource per span): at 100 % sampling that halved a
+worker's deliveries per core. Here a span is a plain record (``LeanSpan``): the parent's ids are
+read straight from the ``traceparent`` the pipeline carries (already checked to be W3C, see
+``tracing.cleaned``), and ``OtlpExporter`` writes the OTLP/protobuf bytes itself, with the resource
+and scope encoded once, next to the library's encoding of any SDK span of the same batch (the two
+are one ``ExportTraceServiceRequest``: protobuf concatenates repeated fields).
+
+Only spans whose parent is a sampled context from a record are lean, and only while the sampler is
+parent-based (it then keeps every such span, as the SDK would); the rest (a new trace at ingestion,
+another sampler, the console exporter) go through the SDK. The span limits of the standard
+variables (``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` and the like) are applied when encoding.
+
+The exporter is the library's OTLP/HTTP one (endpoint, headers, TLS, compression, retries, all from
+``OTEL_EXPORTER_OTLP_*``) with its ``export`` replaced; it sends through the library's HTTP client
+(``_client``), a private attribute: the package is pinned to the minor version this was written
+against, and ``tests/unit/runtime/test_lean_spans.py`` exports through it to a real collector.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import struct
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
+
+__all__ = ["LeanSpan", "Limits", "Encoder", "parse_traceparent", "make_exporter"]
+
+log = logging.getLogger("pipeline.tracing")
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+#: ``Span.flags``: whether the parent is remote is known (0x100), and it is (0x200), as the SDK's
+#: encoder writes them for a parent read from a carrier.
+_REMOTE_PARENT_FLAGS = 0x300
+
+
+def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
+    """``(trace id, span id)`` of a W3C ``traceparent`` as the pipeline carries it (version 00,
+    already checked by ``tracing.cleaned``), or ``None`` when it is not one."""
+    if len(value) != 55:
+        return None
+    try:
+        return bytes.fromhex(value[3:35].decode()), bytes.fromhex(value[36:52].decode())
+    except ValueError:
+        return None
+
+
+class LeanSpan:
+    """A sampled span whose parent came from a record's trace context. The caller sets it up and
+    ends it as it would an SDK span (``set_attribute``, ``set_status``, ``add_event``, ``end``);
+    ended, it goes to the span processor as it is."""
+
+    __slots__ = (
+        "name",
+        "kind",
+        "trace_id",
+        "span_id",
+        "parent_id",
+        "trace_state",
+        "attributes",
+        "events",
+        "links",
+        "error",
+        "start_time",
+        "end_time",
+        "_processor",
+    )
+
+    def __init__(
+        self,
+        processor: Any,
+        name: str,
+        trace_id: bytes,
+        parent_id: bytes,
+        trace_state: str,
+        kind: SpanKind,
+        attributes: Mapping[str, Any] | None,
+        start_time: int | None,
+        links: list[tuple[bytes, bytes, str]],
+    ) -> None:
+        self._processor = processor
+        self.name = name
+        self.kind = kind
+        self.trace_id = trace_id
+        self.parent_id = parent_id
+        span_id = random.getrandbits(64)
+        while not span_id:  # an all-zero id is invalid
+            span_id = random.getrandbits(64)
+        self.span_id = span_id.to_bytes(8, "big")
+        self.trace_state = trace_state
+        self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self.events: list[tuple[str, int, Mapping[str, Any]]] = []
+        self.links = links
+        self.error = False
+        self.start_time = time.time_ns() if start_time is None else start_time
+        self.end_time: int | None = None
+
+    @property
+    def traceparent(self) -> bytes:
+        return b"00-%s-%s-01" % (self.trace_id.hex().encode(), self.span_id.hex().encode())
+
+    @property
+    def context(self) -> SpanContext:
+        """Its context as the SDK's processors read it (they check that it is sampled)."""
+        return SpanContext(
+            int.from_bytes(self.trace_id, "big"),
+            int.from_bytes(self.span_id, "big"),
+            is_remote=False,
+            trace_flags=_SAMPLED,
+        )
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: StatusCode) -> None:
+        if status is StatusCode.ERROR:
+            self.error = True
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        self.events.append((name, time.time_ns(), attributes or {}))
+
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_time is not None:
+            return
+        self.end_time = time.time_ns() if end_time is None else end_time
+        self._processor.on_end(self)
+
+
+class Limits:
+    """The span limits of the standard variables (the SDK's ``SpanLimits``), as the encoder
+    applies them: attributes, events and links a span keeps, and the length of a string value."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import SpanLimits
+
+        limits = SpanLimits()
+        self.attributes: int | None = limits.max_span_attributes
+        self.events: int | None = limits.max_events
+        self.links: int | None = limits.max_links
+        self.event_attributes: int | None = limits.max_event_attributes
+        self.length: int | None = limits.max_span_attribute_length
+        self.event_length: int | None = limits.max_attribute_length
+
+
+# -- protobuf ------------------------------------------------------------------------------------
+# Each message is written as its bytes: a length-delimited field is its tag (field number << 3 | 2,
+# one byte for the numbers used here), its length as a varint, and its payload.
+
+_LENGTHS = [bytes((n,)) for n in range(0x80)]
+_FIXED64 = struct.Struct("<Q")
+_FIXED32 = struct.Struct("<I")
+_DOUBLE = struct.Struct("<d")
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _LENGTHS[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field (bytes, a string, a message) with its one-byte ``tag``."""
+    size = len(payload)
+    return tag + (_LENGTHS[size] if size < 0x80 else _varint(size)) + payload
+
+
+_F1, _F2, _F3, _F4, _F5, _F7 = b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x3a"
+_F9, _F11, _F13, _F15 = b"\x4a", b"\x5a", b"\x6a", b"\x7a"
+# The span kinds as OTLP numbers them (the API's are one less: INTERNAL is 0 there, 1 here).
+_KINDS = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
+_ERROR_STATUS = _field(_F15, b"\x18\x02")
+_UNSET_STATUS = _field(_F15, b"")
+# flags (field 16, fixed32: a two-byte tag); a link's flags (field 6, fixed32).
+_SPAN_FLAGS = b"\x85\x01" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
+_LINK_FLAGS = b"\x35" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
+#: Key-values an encoder keeps encoded (most repeat: a destination, a URL, a call type).
+_CACHED = 4096
+
+
+class Encoder:
+    """Writes ``ExportTraceServiceRequest`` bytes for lean spans, under one resource (its
+    attributes) and one instrumentation scope, applying ``limits``."""
+
+    def __init__(self, resource: Mapping[str, Any], scope: str, limits: Limits) -> None:
+        self.limits = limits
+        self._known: dict[tuple[str, type, Any], bytes] = {}
+        self._head = _field(_F1, self._attributes(_F1, b"\x10", resource, None, None))
+        self._scope = _field(_F1, _field(_F1, scope.encode()))
+
+    def request(self, spans: Iterable[LeanSpan]) -> bytes:
+        scope_spans = self._scope + b"".join(self._span(span) for span in spans)
+        return _field(_F1, self._head + _field(_F2, scope_spans))
+
+    def _span(self, span: LeanSpan) -> bytes:
+        assert span.end_time is not None
+        limits = self.limits
+        parts = [
+            _field(_F1, span.trace_id),
+            _field(_F2, span.span_id),
+            _field(_F3, span.trace_state.encode()) if span.trace_state else b"",
+            _field(_F4, span.parent_id),
+            _field(_F5, span.name.encode()),
+            _KINDS[span.kind],
+            b"\x39" + _FIXED64.pack(span.start_time),
+            b"\x41" + _FIXED64.pack(span.end_time),
+            self._attributes(_F9, b"\x50", span.attributes, limits.attributes, limits.length),
+        ]
+        events, dropped = _kept(span.events, limits.events)
+        for name, stamp, attributes in events:
+            event = (
+                b"\x09"
+                + _FIXED64.pack(stamp)
+                + _field(_F2, name.encode())
+                + self._attributes(
+                    _F3, b"\x20", attributes, limits.event_attributes, limits.event_length
+                )
+            )
+            parts.append(_field(_F11, event))
+        if dropped:
+            parts.append(b"\x60" + _varint(dropped))
+        links, dropped = _kept(span.links, limits.links)
+        for trace_id, span_id, trace_state in links:
+            link = _field(_F1, trace_id) + _field(_F2, span_id)
+            if trace_state:
+                link += _field(_F3, trace_state.encode())
+            parts.append(_field(_F13, link + _LINK_FLAGS))
+        if dropped:
+            parts.append(b"\x70" + _varint(dropped))
+        parts.append(_ERROR_STATUS if span.error else _UNSET_STATUS)
+        parts.append(_SPAN_FLAGS)
+        return _field(_F2, b"".join(parts))
+
+    def _attributes(
+        self,
+        tag: bytes,
+        dropped_tag: bytes,
+        attributes: Mapping[str, Any],
+        limit: int | None,
+        length: int | None,
+    ) -> bytes:
+        """The repeated ``KeyValue`` field with ``tag``: the last ``limit`` attributes, strings
+        cut to ``length``, and how many were dropped (field ``dropped_tag``), as the SDK keeps
+        them."""
+        out: list[bytes] = []
+        known = self._known
+        items, dropped = _kept(list(attributes.items()), limit)
+        for key, value in items:
+            scalar = isinstance(value, (str, int, float))
+            pair = known.get((key, type(value), value)) if scalar else None
+            if pair is None:
+                pair = _field(_F1, key.encode()) + _field(_F2, _value(value, length))
+                if scalar:
+                    if len(known) >= _CACHED:
+                        known.clear()
+                    known[key, type(value), value] = pair
+            out.append(_field(tag, pair))
+        if dropped:
+            out.append(dropped_tag + _varint(dropped))
+        return b"".join(out)
+
+
+_T = TypeVar("_T")
+
+
+def _kept(items: list[_T], limit: int | None) -> tuple[list[_T], int]:
+    """The last ``limit`` of ``items`` and how many were dropped (the SDK drops the oldest)."""
+    if limit is None or len(items) <= limit:
+        return items, 0
+    return (items[-limit:] if limit else []), len(items) - limit
+
+
+def _value(value: Any, length: int | None) -> bytes:
+    """An ``AnyValue`` message's bytes, a string cut to ``length`` (``None``: an empty one, as
+    the SDK sends it)."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return _field(_F1, (value if length is None else value[:length]).encode())
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+    if isinstance(value, float):
+        return b"\x21" + _DOUBLE.pack(value)
+    if isinstance(value, bytes):
+        return _field(_F7, value)
+    if isinstance(value, Sequence):
+        return _field(_F5, b"".join(_field(_F1, _value(item, length)) for item in value))
+    return _field(_F1, str(value).encode())
+
+
+def make_exporter(resource: Mapping[str, Any], scope: str) -> Any:
+    """The OTLP/HTTP span exporter (configured by the ``OTEL_EXPORTER_OTLP_*`` variables) that
+    encodes ``LeanSpan``s itself and any other span with the library's encoder."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    encoder = Encoder(resource, scope, Limits())
+
+    class OtlpExporter(OTLPSpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            if self._shutdown:
+                return SpanExportResult.FAILURE
+            lean = [span for span in spans if type(span) is LeanSpan]
+            with self._metrics.export_operation(len(spans)) as result:
+                try:
+                    data = encoder.request(lean) if lean else b""
+                    if len(lean) < len(spans):
+                        others = [span for span in spans if type(span) is not LeanSpan]
+                        data += encode_spans(others).SerializePartialToString()
+                except Exception as error:  # as the library's exporter: the batch is lost
+                    log.error("tracing: could not encode %d spans: %s", len(spans), error)
+                    result.error = error
+                    return SpanExportResult.FAILURE
+                sent = self._client.export(data)
+                if not sent.success:
+                    result.error = sent.error
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    return OtlpExporter()

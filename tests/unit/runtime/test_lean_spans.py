@@ -1,0 +1,186 @@
+"""Lean spans (``pipeline.runtime.lean_spans``): made from a record's sampled context and encoded
+without the SDK, they must reach a collector exactly as the SDK's spans of the same content do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pipeline.runtime import tracing
+from pipeline.runtime.lean_spans import Encoder, LeanSpan, Limits
+from tests.otlp_collector import start_collector
+from tests.support import ServerThread, wait_for
+
+SAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+UNSAMPLED = SAMPLED[:-2] + b"00"
+LINKED = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+PARENT = [(tracing.TRACEPARENT, SAMPLED), (tracing.TRACESTATE, b"v=1,w=2")]
+ATTRIBUTES: dict[str, Any] = {
+    "pipeline.call.type": "track",
+    "pipeline.destinations": ["d1", "d-2"],
+    "server.port": 8080,
+    "big": 2**62,
+    "negative": -3,
+    "ratio": 0.25,
+    "flag": True,
+    "unset": None,
+    "long text": "é" * 300,
+}
+RESOURCE = {"service.name": "pipeline-worker", "telemetry.sdk.language": "python"}
+
+
+@pytest.fixture(autouse=True)
+def off_afterwards() -> Iterator[None]:
+    yield
+    tracing.configure("test", {})
+
+
+class Kept:
+    """A span processor that keeps what ends (the encoder is what is tested here)."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def on_end(self, span: Any) -> None:
+        self.spans.append(span)
+
+
+def _lean(processor: Kept) -> LeanSpan:
+    span = LeanSpan(
+        processor,
+        "POST",
+        bytes.fromhex(SAMPLED[3:35].decode()),
+        bytes.fromhex(SAMPLED[36:52].decode()),
+        "v=1,w=2",
+        tracing.SpanKind.CLIENT,
+        ATTRIBUTES,
+        None,
+        [(bytes.fromhex(LINKED[3:35].decode()), bytes.fromhex(LINKED[36:52].decode()), "")],
+    )
+    span.set_attribute("http.response.status_code", 500)
+    span.add_event("destination left out", {"reason": "disabled", "n": 2})
+    span.set_status(tracing.StatusCode.ERROR)
+    span.end()
+    return span
+
+
+def _sdk_request() -> dict[str, Any]:
+    """The same span made by the SDK and encoded by the library, as a dict."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource(RESOURCE))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing._state.tracer = provider.get_tracer("pipeline")  # the SDK path, whatever is set up
+    tracing._state.lean = None
+    span = tracing.start_span(
+        "POST",
+        PARENT,
+        tracing.SpanKind.CLIENT,
+        ATTRIBUTES,
+        links=[[(tracing.TRACEPARENT, LINKED)]],
+    )
+    span.set_attribute("http.response.status_code", 500)
+    span.add_event("destination left out", {"reason": "disabled", "n": 2})
+    span.set_status(tracing.StatusCode.ERROR)
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    return _comparable(encode_spans([finished]).SerializeToString())
+
+
+def _comparable(data: bytes) -> dict[str, Any]:
+    """A request as a dict, without what differs between two makings of one span (its id and
+    times)."""
+    request = ExportTraceServiceRequest.FromString(data)
+    as_dict = MessageToDict(request)
+    for resource_spans in as_dict["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                for key in ("spanId", "startTimeUnixNano", "endTimeUnixNano"):
+                    span.pop(key)
+                for event in span.get("events", []):
+                    event.pop("timeUnixNano")
+    return as_dict
+
+
+def test_a_lean_span_reaches_a_collector_as_the_sdks_span_of_the_same_content() -> None:
+    processor = Kept()
+    _lean(processor)
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    assert _comparable(encoder.request(processor.spans)) == _sdk_request()
+
+
+def test_the_standard_span_limits_apply_as_the_sdk_applies_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
+    monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "0")
+    processor = Kept()
+    _lean(processor)
+    lean = _comparable(Encoder(RESOURCE, "pipeline", Limits()).request(processor.spans))
+    span = lean["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    # the SDK keeps the newest attributes
+    assert [a["key"] for a in span["attributes"]] == [
+        "unset",
+        "long text",
+        "http.response.status_code",
+    ]
+    assert span["attributes"][1]["value"] == {"stringValue": "éééé"}
+    assert span["droppedAttributesCount"] == 7
+    assert "links" not in span and span["droppedLinksCount"] == 1
+    assert lean == _sdk_request()
+
+
+def test_spans_of_a_sampled_record_are_lean_and_reach_a_real_collector_with_the_sdks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = ServerThread()
+    try:
+        collector = start_collector(server)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)  # the exporter reads it
+        tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url})
+        root = tracing.start_span("POST /v1/track", None, tracing.SpanKind.SERVER)  # a new trace
+        root.end()
+        assert not isinstance(root, LeanSpan)
+        routed = tracing.step(tracing.headers_of(root), "route track", {"n": 1})
+        attempt = tracing.start_span("POST", routed, tracing.SpanKind.CLIENT, ATTRIBUTES)
+        assert isinstance(attempt, LeanSpan)
+        attempt.end()
+        unsampled = tracing.start_span("POST", [(tracing.TRACEPARENT, UNSAMPLED)])
+        assert not isinstance(unsampled, LeanSpan)  # the SDK's sampler decides: not recorded
+        assert not unsampled.is_recording()
+        assert tracing._state.provider.force_flush()
+        trace_id = tracing.trace_id_of(tracing.headers_of(root))
+        assert trace_id is not None
+        spans = wait_for(lambda: (s := collector.of_trace(trace_id)) and len(s) == 3 and s)
+        by_name = {span.name: span for span in spans}
+        assert by_name["route track"].parent_id == by_name["POST /v1/track"].span_id
+        assert by_name["POST"].parent_id == by_name["route track"].span_id
+        assert dict(routed)[tracing.TRACEPARENT].split(b"-")[2].decode() == (
+            by_name["route track"].span_id
+        )
+        assert {span.service for span in spans} == {"pipeline-worker"}
+        assert by_name["POST"].attributes["big"] == 2**62
+        assert by_name["POST"].attributes["negative"] == -3
+        assert by_name["POST"].kind == "client"
+    finally:
+        server.close()
+
+
+def test_the_console_exporter_or_another_sampler_keeps_the_sdks_spans() -> None:
+    for environ in (
+        {"OTEL_TRACES_EXPORTER": "console"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_SAMPLER": "always_on"},
+    ):
+        tracing.configure("worker", environ)
+        span = tracing.start_span("POST", PARENT)
+        assert not isinstance(span, LeanSpan)
+        assert tracing.headers_of(span)[0][1].split(b"-")[1] == SAMPLED.split(b"-")[1]
