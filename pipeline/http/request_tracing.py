@@ -50,18 +50,20 @@ async def traced_post(
 ) -> UrlResult:
     """``post(headers)`` with the trace context ``trace`` (``attributes``: the span's own, for a
     recorded one); ``sent``: in the request's headers (a destination's ``trace_context``)."""
-    if not tracing.recording(trace):
+    span = None
+    if trace and tracing.enabled():
+        span = tracing.child_span(
+            "POST",
+            trace,
+            tracing.SpanKind.CLIENT,
+            {"http.request.method": "POST", **_url_attributes(url), **attributes},
+        )
+    if span is None:
         if not sent:
             return await post(headers)
         # Cleaned again: a record on deliveries someone else produced must not fail the request.
         passed = {name: value.decode("latin-1") for name, value in tracing.cleaned(trace)}
         return await post({**headers, **passed})
-    span = tracing.start_span(
-        "POST",
-        trace,
-        tracing.SpanKind.CLIENT,
-        {"http.request.method": "POST", **_url_attributes(url), **attributes},
-    )
     if resends:
         span.set_attribute("http.request.resend_count", resends)
     if sent:

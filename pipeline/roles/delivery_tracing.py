@@ -80,13 +80,14 @@ def _wait_span(
     now: float,
 ) -> None:
     """The span of a wait from ``since`` to ``now`` (epoch seconds), a child of ``trace``."""
-    span = tracing.start_span(
+    span = tracing.child_span(
         name,
         trace,
         attributes={"pipeline.wait.reason": reason, **attributes},
         start_time=since,
     )
-    span.end(end_time=int(now * 1e9))
+    if span is not None:
+        span.end(end_time=int(now * 1e9))
 
 
 #: Calls a batch's span links to at most (the SDK keeps 128 links a span by default).

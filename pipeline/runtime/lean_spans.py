@@ -23,6 +23,7 @@ against, and ``tests/unit/runtime/test_lean_spans.py`` exports through it to a r
 
 from __future__ import annotations
 
+import binascii
 import logging
 import random
 import struct
@@ -30,7 +31,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.trace import SpanKind, StatusCode, TraceFlags
 
 __all__ = ["LeanSpan", "Limits", "Encoder", "parse_traceparent", "make_exporter"]
 
@@ -43,20 +44,26 @@ _REMOTE_PARENT_FLAGS = 0x300
 
 
 def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
-    """``(trace id, span id)`` of a W3C ``traceparent`` as the pipeline carries it (version 00,
-    already checked by ``tracing.cleaned``), or ``None`` when it is not one."""
-    if len(value) != 55:
+    """``(trace id, span id)``, in hex, of a W3C ``traceparent`` as the pipeline carries it
+    (version 00, already checked by ``tracing.cleaned``), or ``None`` when it is not one."""
+    if len(value) != 55 or value[2:3] != b"-" or value[35:36] != b"-":
         return None
-    try:
-        return bytes.fromhex(value[3:35].decode()), bytes.fromhex(value[36:52].decode())
-    except ValueError:
-        return None
+    return value[3:35], value[36:52]
+
+
+class _Sampled:
+    """The part of a span's context the SDK's span processors read: whether it is sampled (a
+    lean span always is)."""
+
+    __slots__ = ()
+    trace_flags = _SAMPLED
 
 
 class LeanSpan:
-    """A sampled span whose parent came from a record's trace context. The caller sets it up and
-    ends it as it would an SDK span (``set_attribute``, ``set_status``, ``add_event``, ``end``);
-    ended, it goes to the span processor as it is."""
+    """A sampled span whose parent came from a record's trace context (``trace_id`` and
+    ``parent_id`` in hex, as it carries them). The caller sets it up and ends it as it would an
+    SDK span (``set_attribute``, ``set_status``, ``add_event``, ``end``); ended, it goes to the
+    span processor as it is."""
 
     __slots__ = (
         "name",
@@ -65,6 +72,7 @@ class LeanSpan:
         "span_id",
         "parent_id",
         "trace_state",
+        "traceparent",
         "attributes",
         "events",
         "links",
@@ -73,6 +81,7 @@ class LeanSpan:
         "end_time",
         "_processor",
     )
+    context = _Sampled()
 
     def __init__(
         self,
@@ -94,7 +103,9 @@ class LeanSpan:
         span_id = random.getrandbits(64)
         while not span_id:  # an all-zero id is invalid
             span_id = random.getrandbits(64)
-        self.span_id = span_id.to_bytes(8, "big")
+        self.span_id = b"%016x" % span_id
+        #: Its own context as a record or a request carries it on.
+        self.traceparent = b"00-" + trace_id + b"-" + self.span_id + b"-01"
         self.trace_state = trace_state
         self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
         self.events: list[tuple[str, int, Mapping[str, Any]]] = []
@@ -102,20 +113,6 @@ class LeanSpan:
         self.error = False
         self.start_time = time.time_ns() if start_time is None else start_time
         self.end_time: int | None = None
-
-    @property
-    def traceparent(self) -> bytes:
-        return b"00-%s-%s-01" % (self.trace_id.hex().encode(), self.span_id.hex().encode())
-
-    @property
-    def context(self) -> SpanContext:
-        """Its context as the SDK's processors read it (they check that it is sampled)."""
-        return SpanContext(
-            int.from_bytes(self.trace_id, "big"),
-            int.from_bytes(self.span_id, "big"),
-            is_remote=False,
-            trace_flags=_SAMPLED,
-        )
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -155,6 +152,7 @@ class Limits:
 # one byte for the numbers used here), its length as a varint, and its payload.
 
 _LENGTHS = [bytes((n,)) for n in range(0x80)]
+_unhex = binascii.unhexlify
 _FIXED64 = struct.Struct("<Q")
 _FIXED32 = struct.Struct("<I")
 _DOUBLE = struct.Struct("<d")
@@ -181,10 +179,11 @@ _F1, _F2, _F3, _F4, _F5, _F7 = b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x
 _F9, _F11, _F13, _F15 = b"\x4a", b"\x5a", b"\x6a", b"\x7a"
 # The span kinds as OTLP numbers them (the API's are one less: INTERNAL is 0 there, 1 here).
 _KINDS = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
-_ERROR_STATUS = _field(_F15, b"\x18\x02")
-_UNSET_STATUS = _field(_F15, b"")
-# flags (field 16, fixed32: a two-byte tag); a link's flags (field 6, fixed32).
+# A span's end: its status, then its flags (field 16, fixed32: a two-byte tag).
 _SPAN_FLAGS = b"\x85\x01" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
+_END = _field(_F15, b"") + _SPAN_FLAGS
+_ERROR_END = _field(_F15, b"\x18\x02") + _SPAN_FLAGS
+# A link's flags (field 6, fixed32).
 _LINK_FLAGS = b"\x35" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
 #: Key-values an encoder keeps encoded (most repeat: a destination, a URL, a call type).
 _CACHED = 4096
@@ -196,7 +195,7 @@ class Encoder:
 
     def __init__(self, resource: Mapping[str, Any], scope: str, limits: Limits) -> None:
         self.limits = limits
-        self._known: dict[tuple[str, type, Any], bytes] = {}
+        self._known: dict[tuple[bytes, str, type, Any], bytes] = {}
         self._head = _field(_F1, self._attributes(_F1, b"\x10", resource, None, None))
         self._scope = _field(_F1, _field(_F1, scope.encode()))
 
@@ -208,10 +207,10 @@ class Encoder:
         assert span.end_time is not None
         limits = self.limits
         parts = [
-            _field(_F1, span.trace_id),
-            _field(_F2, span.span_id),
+            _field(_F1, _unhex(span.trace_id)),
+            _field(_F2, _unhex(span.span_id)),
             _field(_F3, span.trace_state.encode()) if span.trace_state else b"",
-            _field(_F4, span.parent_id),
+            _field(_F4, _unhex(span.parent_id)),
             _field(_F5, span.name.encode()),
             _KINDS[span.kind],
             b"\x39" + _FIXED64.pack(span.start_time),
@@ -233,14 +232,13 @@ class Encoder:
             parts.append(b"\x60" + _varint(dropped))
         links, dropped = _kept(span.links, limits.links)
         for trace_id, span_id, trace_state in links:
-            link = _field(_F1, trace_id) + _field(_F2, span_id)
+            link = _field(_F1, _unhex(trace_id)) + _field(_F2, _unhex(span_id))
             if trace_state:
                 link += _field(_F3, trace_state.encode())
             parts.append(_field(_F13, link + _LINK_FLAGS))
         if dropped:
             parts.append(b"\x70" + _varint(dropped))
-        parts.append(_ERROR_STATUS if span.error else _UNSET_STATUS)
-        parts.append(_SPAN_FLAGS)
+        parts.append(_ERROR_END if span.error else _END)
         return _field(_F2, b"".join(parts))
 
     def _attributes(
@@ -256,17 +254,23 @@ class Encoder:
         them."""
         out: list[bytes] = []
         known = self._known
-        items, dropped = _kept(list(attributes.items()), limit)
+        items: Any = attributes.items()
+        dropped = 0
+        if limit is not None and len(attributes) > limit:
+            items, dropped = _kept(list(items), limit)
         for key, value in items:
-            scalar = isinstance(value, (str, int, float))
-            pair = known.get((key, type(value), value)) if scalar else None
-            if pair is None:
+            cached = (
+                (tag, key, type(value), value) if isinstance(value, (str, int, float)) else None
+            )
+            encoded = known.get(cached) if cached is not None else None
+            if encoded is None:
                 pair = _field(_F1, key.encode()) + _field(_F2, _value(value, length))
-                if scalar:
+                encoded = _field(tag, pair)
+                if cached is not None:
                     if len(known) >= _CACHED:
                         known.clear()
-                    known[key, type(value), value] = pair
-            out.append(_field(tag, pair))
+                    known[cached] = encoded
+            out.append(encoded)
         if dropped:
             out.append(dropped_tag + _varint(dropped))
         return b"".join(out)

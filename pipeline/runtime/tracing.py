@@ -49,6 +49,7 @@ __all__ = [
     "recording",
     "parent_context",
     "start_span",
+    "child_span",
     "headers_of",
     "step",
     "trace_id_of",
@@ -257,6 +258,27 @@ def start_span(
     )
 
 
+def child_span(
+    name: str,
+    trace: TraceHeaders,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    start_time: float | None = None,
+    links: Sequence[TraceHeaders] = (),
+) -> AnySpan | None:
+    """A span of a record's trace context ``trace`` (see ``start_span``) when that is recorded
+    here; ``None`` when it is not (no context, tracing off, not sampled), and the context then
+    passes on as it came."""
+    if not trace or _state.tracer is None:
+        return None
+    if _state.lean is not None:  # a parent-based sampler: a sampled context's span is kept
+        nanos = None if start_time is None else int(start_time * 1e9)
+        return _lean_span(name, trace, kind, attributes, nanos, links)
+    if not recording(trace):
+        return None
+    return start_span(name, trace, kind, attributes, start_time, links)
+
+
 def _lean_span(
     name: str,
     parent: TraceHeaders,
@@ -265,8 +287,8 @@ def _lean_span(
     start_time: int | None,
     links: Sequence[TraceHeaders],
 ) -> LeanSpan | None:
-    """A lean span of a record's sampled trace context (the parent-based sampler keeps it), or
-    ``None`` when the context is not one (the SDK then decides)."""
+    """A lean span of a record's sampled trace context, or ``None`` when it has none (not
+    sampled, or no ``traceparent``)."""
     ids, state, sampled = _ids_of(parent)
     if ids is None or not sampled:
         return None
@@ -282,15 +304,15 @@ def _lean_span(
 
 
 def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, bool]:
-    """The trace and span ids of a record's ``traceparent`` (``None`` when it has none), its
-    ``tracestate`` ("" when none), and whether it is sampled."""
+    """The trace and span ids (hex) of a record's ``traceparent`` (``None`` when it has none),
+    its ``tracestate`` ("" when none), and whether it is sampled."""
     ids = None
     state = ""
     sampled = False
     for header, value in headers:
         if header == TRACEPARENT:
             ids = parse_traceparent(value)
-            sampled = _sampled(value)
+            sampled = value[-2:] == b"01" or _sampled(value)
         elif header == TRACESTATE:
             state = value.decode("ascii", "replace")
     return ids, state, sampled
@@ -308,9 +330,9 @@ def step(
     span (ended at once, with ``events`` and ``links``), a child of ``trace``, when that is
     recorded here; the trace context the records it makes carry (``trace`` itself when no span
     is made)."""
-    if not trace or not recording(trace):
+    span = child_span(name, trace, attributes=attributes, links=links)
+    if span is None:
         return trace
-    span = start_span(name, trace, attributes=attributes, links=links)
     for event, event_attributes in events:
         span.add_event(event, event_attributes)
     span.end()

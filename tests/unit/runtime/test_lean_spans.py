@@ -58,13 +58,13 @@ def _lean(processor: Kept) -> LeanSpan:
     span = LeanSpan(
         processor,
         "POST",
-        bytes.fromhex(SAMPLED[3:35].decode()),
-        bytes.fromhex(SAMPLED[36:52].decode()),
+        SAMPLED[3:35],
+        SAMPLED[36:52],
         "v=1,w=2",
         tracing.SpanKind.CLIENT,
         ATTRIBUTES,
         None,
-        [(bytes.fromhex(LINKED[3:35].decode()), bytes.fromhex(LINKED[36:52].decode()), "")],
+        [(LINKED[3:35], LINKED[36:52], "")],
     )
     span.set_attribute("http.response.status_code", 500)
     span.add_event("destination left out", {"reason": "disabled", "n": 2})
