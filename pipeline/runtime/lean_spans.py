@@ -156,6 +156,8 @@ _unhex = binascii.unhexlify
 _FIXED64 = struct.Struct("<Q")
 _FIXED32 = struct.Struct("<I")
 _DOUBLE = struct.Struct("<d")
+#: A span's start_time_unix_nano (7) and end_time_unix_nano (8), fixed64 each, with their tags.
+_TIMES = struct.Struct("<BQBQ")
 
 
 def _varint(value: int) -> bytes:
@@ -185,7 +187,8 @@ _END = _field(_F15, b"") + _SPAN_FLAGS
 _ERROR_END = _field(_F15, b"\x18\x02") + _SPAN_FLAGS
 # A link's flags (field 6, fixed32).
 _LINK_FLAGS = b"\x35" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
-#: Key-values an encoder keeps encoded (most repeat: a destination, a URL, a call type).
+#: Key-values and span names an encoder keeps encoded (most repeat: a destination, a URL, a call
+#: type, ``POST``).
 _CACHED = 4096
 
 
@@ -206,19 +209,32 @@ class Encoder:
     def _span(self, span: LeanSpan) -> bytes:
         assert span.end_time is not None
         limits = self.limits
-        parts = [
-            _field(_F1, _unhex(span.trace_id)),
-            _field(_F2, _unhex(span.span_id)),
-            _field(_F3, span.trace_state.encode()) if span.trace_state else b"",
-            _field(_F4, _unhex(span.parent_id)),
-            _field(_F5, span.name.encode()),
-            _KINDS[span.kind],
-            b"\x39" + _FIXED64.pack(span.start_time),
-            b"\x41" + _FIXED64.pack(span.end_time),
-            self._attributes(_F9, b"\x50", span.attributes, limits.attributes, limits.length),
-        ]
-        events, dropped = _kept(span.events, limits.events)
-        for name, stamp, attributes in events:
+        known = self._known
+        # trace_id (1), span_id (2) and parent_span_id (4): tags and lengths in hex, one unhex.
+        ids = _unhex(b"0a10" + span.trace_id + b"1208" + span.span_id + b"2208" + span.parent_id)
+        name = known.get((b"", span.name, SpanKind, span.kind))
+        if name is None:
+            name = _field(_F5, span.name.encode()) + _KINDS[span.kind]
+            self._keep((b"", span.name, SpanKind, span.kind), name)
+        body = (
+            ids
+            + name
+            + _TIMES.pack(0x39, span.start_time, 0x41, span.end_time)
+            + self._attributes(_F9, b"\x50", span.attributes, limits.attributes, limits.length)
+        )
+        if span.trace_state:
+            body += _field(_F3, span.trace_state.encode())
+        if span.events:
+            body += self._events(span.events)
+        if span.links:
+            body += self._links(span.links)
+        return _field(_F2, body + (_ERROR_END if span.error else _END))
+
+    def _events(self, events: list[tuple[str, int, Mapping[str, Any]]]) -> bytes:
+        limits = self.limits
+        kept, dropped = _kept(events, limits.events)
+        parts = []
+        for name, stamp, attributes in kept:
             event = (
                 b"\x09"
                 + _FIXED64.pack(stamp)
@@ -230,16 +246,24 @@ class Encoder:
             parts.append(_field(_F11, event))
         if dropped:
             parts.append(b"\x60" + _varint(dropped))
-        links, dropped = _kept(span.links, limits.links)
-        for trace_id, span_id, trace_state in links:
-            link = _field(_F1, _unhex(trace_id)) + _field(_F2, _unhex(span_id))
+        return b"".join(parts)
+
+    def _links(self, links: list[tuple[bytes, bytes, str]]) -> bytes:
+        kept, dropped = _kept(links, self.limits.links)
+        parts = []
+        for trace_id, span_id, trace_state in kept:
+            link = _unhex(b"0a10" + trace_id + b"1208" + span_id)
             if trace_state:
                 link += _field(_F3, trace_state.encode())
             parts.append(_field(_F13, link + _LINK_FLAGS))
         if dropped:
             parts.append(b"\x70" + _varint(dropped))
-        parts.append(_ERROR_END if span.error else _END)
-        return _field(_F2, b"".join(parts))
+        return b"".join(parts)
+
+    def _keep(self, key: tuple[bytes, str, type, Any], encoded: bytes) -> None:
+        if len(self._known) >= _CACHED:
+            self._known.clear()
+        self._known[key] = encoded
 
     def _attributes(
         self,
@@ -267,9 +291,7 @@ class Encoder:
                 pair = _field(_F1, key.encode()) + _field(_F2, _value(value, length))
                 encoded = _field(tag, pair)
                 if cached is not None:
-                    if len(known) >= _CACHED:
-                        known.clear()
-                    known[cached] = encoded
+                    self._keep(cached, encoded)
             out.append(encoded)
         if dropped:
             out.append(dropped_tag + _varint(dropped))
