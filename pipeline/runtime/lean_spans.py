@@ -1,14 +1,16 @@
 """Spans of a call's journey made and exported without the SDK's per-span machinery.
 
 A worker makes two spans a call (its routing and its attempt) when a trace is sampled. Through the
-SDK each costs about 45 µs to make (a ``Span`` with its lock, attribute cleaning, the context
+SDK each cost about 45 µs to make (a ``Span`` with its lock, attribute cleaning, the context
 extracted and injected through the propagator) and about 50 µs to encode (the OTLP encoder builds a
 protobuf object per attribute and hashes the resource per span): at 100 % sampling that halved a
 worker's deliveries per core. Here a span is a plain record (``LeanSpan``): the parent's ids are
 read straight from the ``traceparent`` the pipeline carries (already checked to be W3C, see
-``tracing.cleaned``), and ``OtlpExporter`` writes the OTLP/protobuf bytes itself, with the resource
-and scope encoded once, next to the library's encoding of any SDK span of the same batch (the two
-are one ``ExportTraceServiceRequest``: protobuf concatenates repeated fields).
+``tracing.cleaned``). When it ends it is written as OTLP protobuf bytes at once (``Encoder``: the
+repeating key-values and names kept encoded), and those bytes wait in the SDK's batch processor;
+the exporter (``make_exporter``) puts them in one request under the resource and scope, encoded
+once, beside the library's encoding of any SDK span of the same batch (protobuf concatenates
+repeated fields).
 
 Only spans whose parent is a sampled context from a record are lean, and only while the sampler is
 parent-based (it then keeps every such span, as the SDK would); the rest (a new trace at ingestion,
@@ -33,7 +35,15 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind, StatusCode, TraceFlags
 
-__all__ = ["LeanSpan", "Limits", "Encoder", "parse_traceparent", "make_exporter"]
+__all__ = [
+    "LeanSpan",
+    "EncodedSpan",
+    "Sink",
+    "Limits",
+    "Encoder",
+    "parse_traceparent",
+    "make_exporter",
+]
 
 log = logging.getLogger("pipeline.tracing")
 
@@ -62,8 +72,8 @@ class _Sampled:
 class LeanSpan:
     """A sampled span whose parent came from a record's trace context (``trace_id`` and
     ``parent_id`` in hex, as it carries them). The caller sets it up and ends it as it would an
-    SDK span (``set_attribute``, ``set_status``, ``add_event``, ``end``); ended, it goes to the
-    span processor as it is."""
+    SDK span (``set_attribute``, ``set_status``, ``add_event``, ``end``); ended, it goes to its
+    ``Sink``."""
 
     __slots__ = (
         "name",
@@ -79,13 +89,12 @@ class LeanSpan:
         "error",
         "start_time",
         "end_time",
-        "_processor",
+        "_sink",
     )
-    context = _Sampled()
 
     def __init__(
         self,
-        processor: Any,
+        sink: Sink,
         name: str,
         trace_id: bytes,
         parent_id: bytes,
@@ -95,7 +104,7 @@ class LeanSpan:
         start_time: int | None,
         links: list[tuple[bytes, bytes, str]],
     ) -> None:
-        self._processor = processor
+        self._sink = sink
         self.name = name
         self.kind = kind
         self.trace_id = trace_id
@@ -128,7 +137,28 @@ class LeanSpan:
         if self.end_time is not None:
             return
         self.end_time = time.time_ns() if end_time is None else end_time
-        self._processor.on_end(self)
+        self._sink.ended(self)
+
+
+class EncodedSpan(bytes):
+    """An ended lean span, encoded (a ``Span`` message's bytes as a ``ScopeSpans`` field), as it
+    waits in the span processor's queue for the exporter: encoded while its data is at hand, it
+    keeps no objects alive and leaves the exporter's thread only the request to send."""
+
+    __slots__ = ()
+    context = _Sampled()
+
+
+class Sink:
+    """Where lean spans go when they end: encoded, to the span processor (the SDK's batch
+    processor, whose exporter is ``make_exporter``'s)."""
+
+    def __init__(self, processor: Any, encoder: Encoder) -> None:
+        self._processor = processor
+        self._encoder = encoder
+
+    def ended(self, span: LeanSpan) -> None:
+        self._processor.on_end(EncodedSpan(self._encoder.span(span)))
 
 
 class Limits:
@@ -202,11 +232,13 @@ class Encoder:
         self._head = _field(_F1, self._attributes(_F1, b"\x10", resource, None, None))
         self._scope = _field(_F1, _field(_F1, scope.encode()))
 
-    def request(self, spans: Iterable[LeanSpan]) -> bytes:
-        scope_spans = self._scope + b"".join(self._span(span) for span in spans)
+    def request(self, spans: Iterable[bytes]) -> bytes:
+        """The request carrying ``spans``, each encoded by ``span``."""
+        scope_spans = self._scope + b"".join(spans)
         return _field(_F1, self._head + _field(_F2, scope_spans))
 
-    def _span(self, span: LeanSpan) -> bytes:
+    def span(self, span: LeanSpan) -> bytes:
+        """An ended span's ``Span`` message, as a field of ``ScopeSpans``."""
         assert span.end_time is not None
         limits = self.limits
         known = self._known
@@ -328,25 +360,24 @@ def _value(value: Any, length: int | None) -> bytes:
     return _field(_F1, str(value).encode())
 
 
-def make_exporter(resource: Mapping[str, Any], scope: str) -> Any:
+def make_exporter(encoder: Encoder) -> Any:
     """The OTLP/HTTP span exporter (configured by the ``OTEL_EXPORTER_OTLP_*`` variables) that
-    encodes ``LeanSpan``s itself and any other span with the library's encoder."""
+    sends ``EncodedSpan``s in ``encoder``'s request, beside any other span, encoded by the
+    library's encoder."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
-
-    encoder = Encoder(resource, scope, Limits())
 
     class OtlpExporter(OTLPSpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             if self._shutdown:
                 return SpanExportResult.FAILURE
-            lean = [span for span in spans if type(span) is LeanSpan]
+            lean = [span for span in spans if type(span) is EncodedSpan]
             with self._metrics.export_operation(len(spans)) as result:
                 try:
                     data = encoder.request(lean) if lean else b""
                     if len(lean) < len(spans):
-                        others = [span for span in spans if type(span) is not LeanSpan]
+                        others = [span for span in spans if type(span) is not EncodedSpan]
                         data += encode_spans(others).SerializePartialToString()
                 except Exception as error:  # as the library's exporter: the batch is lost
                     log.error("tracing: could not encode %d spans: %s", len(spans), error)

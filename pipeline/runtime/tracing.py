@@ -36,7 +36,14 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from pipeline.runtime.lean_spans import LeanSpan, make_exporter, parse_traceparent
+from pipeline.runtime.lean_spans import (
+    Encoder,
+    LeanSpan,
+    Limits,
+    Sink,
+    make_exporter,
+    parse_traceparent,
+)
 
 __all__ = [
     "TRACEPARENT",
@@ -82,7 +89,7 @@ class _State:
     #: Whether the sampler follows the parent's decision (a record's unsampled context then
     #: makes no span, decided without parsing it).
     parent_based = True
-    #: The span processor lean spans go to (``None``: every span is the SDK's).
+    #: Where lean spans go (``None``: every span is the SDK's).
     lean: Any = None
 
 
@@ -134,7 +141,8 @@ def configure(role: str, environ: Mapping[str, str] | None = None) -> bool:
                             "HTTP, usually port 4318)"
                         )
                     break
-            chosen.append(make_exporter(resource.attributes, _SCOPE))
+            encoder = Encoder(resource.attributes, _SCOPE, Limits())
+            chosen.append(make_exporter(encoder))
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -152,7 +160,7 @@ def configure(role: str, environ: Mapping[str, str] | None = None) -> bool:
     _state.provider = provider
     _state.tracer = provider.get_tracer(_SCOPE)
     if _state.parent_based and exporters == {"otlp"}:
-        _state.lean = processors[0]
+        _state.lean = Sink(processors[0], encoder)
     log.info("tracing: on (%s, sampler %s)", ", ".join(sorted(exporters)), sampler)
     return True
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.runtime import tracing
-from pipeline.runtime.lean_spans import Encoder, LeanSpan, Limits
+from pipeline.runtime.lean_spans import EncodedSpan, Encoder, LeanSpan, Limits, Sink
 from tests.otlp_collector import start_collector
 from tests.support import ServerThread, wait_for
 
@@ -45,7 +45,7 @@ def off_afterwards() -> Iterator[None]:
 
 
 class Kept:
-    """A span processor that keeps what ends (the encoder is what is tested here)."""
+    """A span processor that keeps what ends (the encoding is what is tested here)."""
 
     def __init__(self) -> None:
         self.spans: list[Any] = []
@@ -54,9 +54,9 @@ class Kept:
         self.spans.append(span)
 
 
-def _lean(processor: Kept) -> LeanSpan:
+def _lean(processor: Kept, encoder: Encoder) -> LeanSpan:
     span = LeanSpan(
-        processor,
+        Sink(processor, encoder),
         "POST",
         SAMPLED[3:35],
         SAMPLED[36:52],
@@ -112,8 +112,9 @@ def _comparable(data: bytes) -> dict[str, Any]:
 
 def test_a_lean_span_reaches_a_collector_as_the_sdks_span_of_the_same_content() -> None:
     processor = Kept()
-    _lean(processor)
     encoder = Encoder(RESOURCE, "pipeline", Limits())
+    _lean(processor, encoder)
+    assert [type(span) for span in processor.spans] == [EncodedSpan]
     assert _comparable(encoder.request(processor.spans)) == _sdk_request()
 
 
@@ -124,8 +125,9 @@ def test_the_standard_span_limits_apply_as_the_sdk_applies_them(
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
     monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "0")
     processor = Kept()
-    _lean(processor)
-    lean = _comparable(Encoder(RESOURCE, "pipeline", Limits()).request(processor.spans))
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    _lean(processor, encoder)
+    lean = _comparable(encoder.request(processor.spans))
     span = lean["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     # the SDK keeps the newest attributes
     assert [a["key"] for a in span["attributes"]] == [
