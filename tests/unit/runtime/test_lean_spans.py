@@ -186,3 +186,23 @@ def test_the_console_exporter_or_another_sampler_keeps_the_sdks_spans() -> None:
         span = tracing.start_span("POST", PARENT)
         assert not isinstance(span, LeanSpan)
         assert tracing.headers_of(span)[0][1].split(b"-")[1] == SAMPLED.split(b"-")[1]
+
+
+def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def export_batch_size() -> int:
+        (processor,) = tracing._state.provider._active_span_processor._span_processors
+        return int(processor._batch_processor._max_export_batch_size)
+
+    tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert export_batch_size() == 2048
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")
+    tracing.configure(
+        "worker",
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
+        },
+    )
+    assert export_batch_size() == 100
