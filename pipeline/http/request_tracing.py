@@ -51,7 +51,7 @@ async def traced_post(
     """``post(headers)`` with the trace context ``trace`` (``attributes``: the span's own, for a
     recorded one); ``sent``: in the request's headers (a destination's ``trace_context``)."""
     span = None
-    if trace and tracing.enabled():
+    if trace and tracing.recording(trace):
         span = tracing.child_span(
             "POST",
             trace,

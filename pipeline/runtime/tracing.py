@@ -210,6 +210,11 @@ def cleaned(trace: TraceHeaders) -> TraceHeaders:
     a ``traceparent`` of the W3C form, and its ``tracestate`` if printable; anything else is
     dropped (the call goes on without it). What the pipeline carries is always this clean, so
     that it can go into a request header and a parked batch's list as it is."""
+    if len(trace) == 1:  # the common case: a traceparent alone
+        name, value = trace[0]
+        if name == TRACEPARENT and _TRACEPARENT.fullmatch(value):
+            return trace
+        return []
     parent = [value for name, value in trace if name == TRACEPARENT]
     if len(parent) != 1 or not _TRACEPARENT.fullmatch(parent[0]):
         return []
@@ -220,6 +225,8 @@ def cleaned(trace: TraceHeaders) -> TraceHeaders:
 
 
 def _sampled(traceparent: bytes) -> bool:
+    if traceparent[-2:] == b"01":
+        return True
     try:
         return bool(int(traceparent[-2:], 16) & 1)
     except ValueError:
@@ -380,6 +387,8 @@ def trace_id_of(headers: TraceHeaders) -> str | None:
     """The trace id (32 hex digits) a record's trace context names, if any."""
     for name, value in headers:
         if name == TRACEPARENT:
+            if len(value) == 55 and value[2:3] == b"-" and value[35:36] == b"-":  # version 00
+                return value[3:35].decode("ascii", "replace")
             parts = value.split(b"-")
             if len(parts) == 4 and len(parts[1]) == 32:
                 return parts[1].decode("ascii", "replace")
