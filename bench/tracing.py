@@ -20,7 +20,9 @@ differ by several per cent on this machine, run after run).
 Each run produces ``calls`` calls and waits until the receiver has answered them all; the modes
 alternate (same run). Reported: deliveries/s, each mode ÷ the one it is measured against (``off``
 ÷ ``none``; ``1 %`` and ``100 %`` ÷ ``off``; ``100 %`` ÷ ``1 %``), and the workers' CPU seconds
-per 1,000 calls.
+per 1,000 calls. Runs of one worker spread ±15 % here, more than tracing off or at 1 % costs, so
+those two are also measured alone (``bench.tracing_alone``): the tracing code's own work a call
+against the worker's CPU a call of this run.
 
 Run alone: ``python -m bench --only 16``.
 """
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._harness import Deployment, Receiver, Worker, alternated, backlog_run
+from .tracing_alone import work_alone
 
 __all__ = ["section_tracing"]
 
@@ -133,6 +136,29 @@ def section_tracing(
                 "reference" if target is None else f"≥ {target}",
                 None if target is None else median(ratios) >= target,
                 [f"{a:,.0f}/{b:,.0f}" for a, b in zip(rates[mode], rates[base], strict=True)],
+            )
+        )
+    # Measured alone (bench.tracing_alone): the tracing code's own work a call, set against the
+    # worker's CPU a call in this run (µs); end to end those few µs are lost in the spread.
+    alone = work_alone()
+    log(
+        "16 tracing's work a call, alone: " + ", ".join(f"{k} {v:.1f} µs" for k, v in alone.items())
+    )
+    for mode, base, target in (("off", "none", 0.98), ("1 %", "off", 0.95)):
+        cost = alone[mode] - alone[base]
+        per_call = median(cpu[base]) * 1000  # CPU s per 1,000 calls → µs a call
+        ratio = 1 - cost / per_call
+        bench.rows.append(
+            row(
+                "16",
+                f"tracing {mode} vs {base}: the tracing code's own work a call, measured alone, "
+                f"against the worker's CPU a call ({base}, this run)",
+                f"+{cost:.1f} µs",
+                f"{per_call:.0f} µs a call",
+                f"{ratio:.3f}",
+                f"≥ {target}",
+                ratio >= target,
+                [f"{k}: {v:.1f} µs" for k, v in alone.items()],
             )
         )
     bench.rows.append(
