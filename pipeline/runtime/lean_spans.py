@@ -28,6 +28,7 @@ from __future__ import annotations
 import binascii
 import logging
 import random
+import re
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,7 @@ __all__ = [
     "Sink",
     "Limits",
     "Encoder",
+    "TRACEPARENT_FORM",
     "parse_traceparent",
     "make_exporter",
 ]
@@ -53,12 +55,18 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _REMOTE_PARENT_FLAGS = 0x300
 
 
+#: A ``traceparent`` the pipeline passes on: version 00, exactly (W3C Trace Context), its trace
+#: and parent ids (not all zeros) in lower-case hex.
+TRACEPARENT_FORM = re.compile(rb"00-((?!0{32})[0-9a-f]{32})-((?!0{16})[0-9a-f]{16})-[0-9a-f]{2}")
+
+
 def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
-    """``(trace id, span id)``, in hex, of a W3C ``traceparent`` as the pipeline carries it
-    (version 00, already checked by ``tracing.cleaned``), or ``None`` when it is not one."""
-    if len(value) != 55 or value[2:3] != b"-" or value[35:36] != b"-":
+    """``(trace id, span id)``, in hex, of a W3C ``traceparent`` of ``TRACEPARENT_FORM``, or
+    ``None`` when it is not one (a record someone else produced may carry anything)."""
+    found = TRACEPARENT_FORM.fullmatch(value)
+    if found is None:
         return None
-    return value[3:35], value[36:52]
+    return found.group(1), found.group(2)
 
 
 class _Sampled:

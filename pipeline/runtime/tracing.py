@@ -37,6 +37,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pipeline.runtime.lean_spans import (
+    TRACEPARENT_FORM,
     Encoder,
     LeanSpan,
     Limits,
@@ -200,7 +201,7 @@ def trace_headers(headers: Any) -> TraceHeaders:
 
 
 #: A ``traceparent`` passed on as it came: version 00, exactly (W3C Trace Context).
-_TRACEPARENT = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT = TRACEPARENT_FORM
 #: A ``tracestate`` passed on as it came: printable ASCII, within the W3C length.
 _TRACESTATE = re.compile(rb"[\x20-\x7e]{1,512}")
 

@@ -206,3 +206,17 @@ def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwis
         },
     )
     assert export_batch_size() == 100
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        b"00-" + b"z" * 32 + b"-00f067aa0ba902b7-01",  # not hex: the encoder could not write it
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",  # the invalid trace id
+        SAMPLED.upper(),
+        SAMPLED[:-1],
+    ],
+)
+def test_a_record_whose_context_is_not_w3c_makes_no_lean_span(traceparent: bytes) -> None:
+    tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert tracing.child_span("POST", [(tracing.TRACEPARENT, traceparent)]) is None
