@@ -201,6 +201,8 @@ _TIMES = struct.Struct("<BQBQ")
 def _varint(value: int) -> bytes:
     if value < 0x80:
         return _LENGTHS[value]
+    if value < 0x4000:  # a span's length, mostly
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -33,7 +33,7 @@ ATTRIBUTES: dict[str, Any] = {
     "ratio": 0.25,
     "flag": True,
     "unset": None,
-    "long text": "é" * 300,
+    "long text": "é" * 9000,  # 18 KB: a three-byte length
 }
 RESOURCE = {"service.name": "pipeline-worker", "telemetry.sdk.language": "python"}
 
