@@ -266,17 +266,13 @@ def start_span(
     attributes: Mapping[str, Any] | None = None,
     start_time: float | None = None,
     links: Sequence[TraceHeaders] = (),
-) -> AnySpan:
-    """A span of ``parent`` (a record's trace context, a request's headers; ``None``: a new
-    trace) started now or at ``start_time`` (epoch seconds), linked to the spans of ``links``
-    (trace contexts); the caller ends it. Only called when tracing is on."""
+) -> Span:
+    """The SDK's span of ``parent`` (a record's trace context, a request's headers; ``None``: a
+    new trace) started now or at ``start_time`` (epoch seconds), linked to the spans of ``links``
+    (trace contexts); the caller ends it. Only called when tracing is on. A record's spans come
+    from ``child_span``, lean where they may be."""
     tracer = _state.tracer
     assert tracer is not None
-    nanos = None if start_time is None else int(start_time * 1e9)
-    if _state.lean is not None and parent and not isinstance(parent, Mapping):
-        lean = _lean_span(name, parent, kind, attributes, nanos, links)
-        if lean is not None:
-            return lean
     linked = []
     for headers in links:
         context = parent_context(headers)
@@ -287,7 +283,7 @@ def start_span(
         context=None if parent is None else parent_context(parent),
         kind=kind,
         attributes=attributes,
-        start_time=nanos,
+        start_time=None if start_time is None else int(start_time * 1e9),
         links=linked,
     )
 
@@ -346,7 +342,7 @@ def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, boo
     for header, value in headers:
         if header == TRACEPARENT:
             ids = parse_traceparent(value)
-            sampled = value[-2:] == b"01" or _sampled(value)
+            sampled = _sampled(value)
         elif header == TRACESTATE:
             state = value.decode("ascii", "replace")
     return ids, state, sampled

@@ -153,7 +153,7 @@ def test_spans_of_a_sampled_record_are_lean_and_reach_a_real_collector_with_the_
         root.end()
         assert not isinstance(root, LeanSpan)
         routed = tracing.step(tracing.headers_of(root), "route track", {"n": 1})
-        attempt = tracing.start_span("POST", routed, tracing.SpanKind.CLIENT, ATTRIBUTES)
+        attempt = tracing.child_span("POST", routed, tracing.SpanKind.CLIENT, ATTRIBUTES)
         assert isinstance(attempt, LeanSpan)
         attempt.end()
         unsampled = tracing.start_span("POST", [(tracing.TRACEPARENT, UNSAMPLED)])
@@ -183,8 +183,8 @@ def test_the_console_exporter_or_another_sampler_keeps_the_sdks_spans() -> None:
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_SAMPLER": "always_on"},
     ):
         tracing.configure("worker", environ)
-        span = tracing.start_span("POST", PARENT)
-        assert not isinstance(span, LeanSpan)
+        span = tracing.child_span("POST", PARENT)
+        assert span is not None and not isinstance(span, LeanSpan)
         assert tracing.headers_of(span)[0][1].split(b"-")[1] == SAMPLED.split(b"-")[1]
 
 
