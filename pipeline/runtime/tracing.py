@@ -384,8 +384,9 @@ def trace_id_of(headers: TraceHeaders) -> str | None:
     """The trace id (32 hex digits) a record's trace context names, if any."""
     for name, value in headers:
         if name == TRACEPARENT:
-            if len(value) == 55 and value[2:3] == b"-" and value[35:36] == b"-":  # version 00
-                return value[3:35].decode("ascii", "replace")
+            ids = parse_traceparent(value)  # the W3C form the pipeline carries
+            if ids is not None:
+                return ids[0].decode("ascii")
             parts = value.split(b"-")
             if len(parts) == 4 and len(parts[1]) == 32:
                 return parts[1].decode("ascii", "replace")
