@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -63,6 +64,9 @@ DECREASE = 0.9
 STEP = 0.05
 #: The lowest pace a destination is lowered to (requests per second).
 MIN_PACE = 1.0
+#: A record parked for its turn is counted out, in its member's demand, until this long after
+#: it is due (its way back through the retry tier).
+RETURN_ALLOWANCE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,11 @@ class _Own:
 
     taken: int = 0
     waited: int = 0
+    #: Records parked for their turn: when each parking is due back (monotonic), how many,
+    #: and where (an opaque place: a partition).
+    out: list[tuple[float, int, object]] = field(default_factory=list)
+    #: How many of them were still out when this interval began.
+    carried: int = 0
     accepted: int = 0
     throttled: bool = False
     pace: float | None = None
@@ -196,6 +205,7 @@ class PaceBook:
         self._own: dict[str, _Own] = {}
         self._heard: dict[str, dict[str, _Heard]] = {}
         self._changes: list[PaceChange] = []
+        self._moved: deque[frozenset[object]] = deque()  # appended on a consumer's thread
         self._interval_started = self._last_step = clock()
 
     def _of(self, destination: str) -> _Own:
@@ -210,9 +220,23 @@ class PaceBook:
         """A request to ``destination`` took its turn."""
         self._of(destination).taken += 1
 
-    def waited(self, destination: str, records: int = 1) -> None:
-        """``records`` of ``destination`` had to wait for their turn (held or parked)."""
-        self._of(destination).waited += records
+    def waited(
+        self, destination: str, records: int = 1, back_in: float = 0.0, place: object = None
+    ) -> None:
+        """``records`` of ``destination`` had to wait for their turn: held, or parked in
+        ``place`` to come back in ``back_in`` seconds. Parked ones count in the demand of every
+        interval they are out in: waves of parked records come back about once a second, and
+        an interval between two waves must not read as a demand that ended (the share would
+        fall to the fallback, or to nothing, while a backlog waits)."""
+        own = self._of(destination)
+        own.waited += records
+        if back_in > 0:
+            own.out.append((self._clock() + back_in + RETURN_ALLOWANCE, records, place))
+
+    def moved(self, places: Iterable[object]) -> None:
+        """``places`` went to another member (a rebalance): what was parked there comes back
+        there, and is no longer this member's demand. Any thread."""
+        self._moved.append(frozenset(places))
 
     def answered(self, destination: str, status: int | None, retry_after: float | None) -> None:
         """A webhook of ``destination`` answered ``status`` (``retry_after``: the seconds its
@@ -325,6 +349,9 @@ class PaceBook:
         stepping = now - self._last_step >= INTERVAL * 0.9
         if stepping:
             self._last_step = now
+        moved: set[object] = set()
+        while self._moved:
+            moved |= self._moved.popleft()
         reports = []
         for destination, own in list(self._own.items()):
             group = self.pace(destination)
@@ -333,8 +360,10 @@ class PaceBook:
                 own.step = max(MIN_PACE / 10, group * STEP)
             elif own.pace is not None and not own.throttled and stepping:
                 self._step_up(destination, own, limits.get(destination))
+            own.out = [out for out in own.out if out[0] > now and out[2] not in moved]
+            carried, own.carried = own.carried, sum(out[1] for out in own.out)
             report = Report(
-                demand=(own.taken + own.waited) / elapsed,
+                demand=(own.taken + own.waited + carried) / elapsed,
                 accepted=own.accepted / elapsed,
                 pace=own.pace,
                 paused_until=own.paused_until if own.paused_until > wall else 0.0,

@@ -152,6 +152,7 @@ class DeliveryHandler:
             topics=topics,
             limits=self._limits,
             counters=self._metrics.parked,
+            tier_partitions=settings.retry_partitions,
         )
         events = EventEmitter(producer, self._codec, topics.events)
         self._events = events
@@ -528,7 +529,7 @@ class DeliveryHandler:
         admission = self.parking.admit(destination, window_of(record), time.time())
         if not isinstance(admission, Park):
             return []
-        plan = self.parking.plan(destination.id, admission)
+        plan = self.parking.plan(destination.id, admission, consumed.key)
         message = consumed.message
         return [plan.parked_record(message.key(), message.value())]
 
@@ -552,6 +553,7 @@ class DeliveryHandler:
     def released(self, keys: Sequence[tuple[str, int]]) -> None:
         # What is in flight finishes; the loop ignores records of released partitions.
         self._owned.difference_update(keys)
+        self._health.pace.moved(keys)  # records parked there for a turn are another's now
         self._batches.released(set(keys))
         self._share_changed()
         if self._lanes is not None:
@@ -565,9 +567,9 @@ class DeliveryHandler:
             self._spawn(self._watch.sweep_secrets(lambda: self._follower.table))
         self._spawn(self._batches.flush_on(self._stop))
 
-    def owned_place(self, topic: str) -> tuple[str, int] | None:
-        """A partition held here: of ``topic`` if one is, else the lowest (``None``: none)."""
-        return min(self._owned, key=lambda tp: (tp[0] != topic, tp), default=None)
+    def holds_place(self, place: tuple[str, int]) -> bool:
+        """Is ``place`` (topic, partition) held here?"""
+        return place in self._owned
 
     def _share_changed(self) -> None:
         """Rate limits are the group's: this process sends its partitions' share of them."""

@@ -216,16 +216,26 @@ class _Waiting:
     """The counter of records parked for their turn: they count as waiting in the pace's
     demand too (``PaceBook.waited``), which sets this process's share of the rate limit."""
 
-    __slots__ = ("_counter", "_pace", "_destination")
+    __slots__ = ("_counter", "_pace", "_destination", "_due", "_place")
 
-    def __init__(self, counter: Counter, pace: PaceBook, destination: str) -> None:
+    def __init__(
+        self,
+        counter: Counter,
+        pace: PaceBook,
+        destination: str,
+        due: float,
+        place: tuple[str, int],
+    ) -> None:
         self._counter = counter
         self._pace = pace
         self._destination = destination
+        self._due = due  # epoch seconds
+        self._place = place
 
     def inc(self, amount: int = 1) -> None:
         self._counter.inc(amount)
-        self._pace.waited(self._destination, amount)
+        back_in = self._due - time.time()
+        self._pace.waited(self._destination, amount, back_in, self._place)
 
 
 class Parking:
@@ -243,6 +253,7 @@ class Parking:
         topics: Topics,
         limits: Limits,
         counters: Callable[[str, ParkReason], Counter],
+        tier_partitions: int = 1,
     ) -> None:
         self.health = health
         self.in_flight = in_flight
@@ -253,9 +264,11 @@ class Parking:
         #: Per destination, the reopening of its circuits a parked record comes back for (to
         #: take the probe); its other records come back once the probe has answered.
         self._carriers: dict[str, float] = {}
-        #: A partition of a retry tier that this process's retry role holds, that tier's if it
-        #: can (``None``: none).
-        self.local_place: Callable[[str], tuple[str, int] | None] = lambda _topic: None
+        #: How many partitions each retry tier has.
+        self.tier_partitions = tier_partitions
+        #: Whether this process's retry role holds a partition of a retry tier (the worker
+        #: sets it where it runs one).
+        self.holds_place: Callable[[tuple[str, int]], bool] = lambda _place: False
 
     def admit(
         self,
@@ -288,23 +301,27 @@ class Parking:
             self._carriers[destination.id] = now + max(MIN_PARK_WAIT, health.reopens_in)
         return admission
 
-    def plan(self, destination: str, park: Park) -> ParkPlan:
-        """The plan of a ``Park`` admission for a record of ``destination``."""
+    def plan(self, destination: str, park: Park, source: tuple[str, int] | None = None) -> ParkPlan:
+        """The plan of a ``Park`` admission for a record of ``destination`` read from ``source``
+        (topic, partition; ``None``: by key)."""
         header = schedule_header(
             park.tier, park.not_before, park.first_attempt_at, park.deadline, destination
         )
         topic = self._retry_topics[park.tier]
         counter = self._counters(destination, park.reason)
         partition = None
-        if park.reason is ParkReason.RATE_LIMITED:
-            # Records waiting for their turn stay with this process where its retry role holds
-            # a partition of the tier, and count then in its demand (its share of the rate);
-            # else they count where they come back.
-            # (A tier's consumer goes by the schedule header, so any tier serves.)
-            place = self.local_place(topic)
-            if place is not None:
-                topic, partition = place
-                counter = _Waiting(counter, self.health.pace, destination)
+        if park.reason is ParkReason.RATE_LIMITED and source is not None:
+            # Records waiting for their turn go to the tier's partition of the number they were
+            # read from, and come back from there round after round: a backlog stays spread
+            # over the tier as over the partitions it came from, with the processes that hold
+            # them, and a rebalance moves the part whose partition moves, not a process's all.
+            # Where this process's retry role holds that partition, they count in its demand
+            # (its share of the rate) while out; elsewhere where they come back.
+            partition = source[1] % self.tier_partitions
+            place = (topic, partition)
+            if self.holds_place(place):
+                due = park.not_before / 1000
+                counter = _Waiting(counter, self.health.pace, destination, due, place)
         waits = wait_header(park.reason)
         return ParkPlan(topic, [header, waits], counter, park.carries_probe, partition)
 
@@ -355,7 +372,7 @@ class ParkingBatch:
         self._undecoded: dict[tuple[str | None, Window], Admission] = {}
         self._decoded: dict[tuple[str | None, Window], Admission] = {}
         #: The plan of each kept ``Park`` (by its identity; the admission is kept alive here).
-        self._plans: dict[int, tuple[Park, ParkPlan]] = {}
+        self._plans: dict[tuple[int, tuple[str, int] | None], tuple[Park, ParkPlan]] = {}
         self._groups: dict[tuple[int, object], _ParkedGroup] = {}
         self._all: list[_ParkedGroup] = []
 
@@ -397,9 +414,11 @@ class ParkingBatch:
             if parts > 1:
                 return self._carried_by_first(plan, destination, park, key, value, parts, trace)
             return [plan.parked_record(key, value, parts, trace)]
-        known = self._plans.get(id(park))
+        place = source if isinstance(source, tuple) else None
+        known = self._plans.get((id(park), place))
         if known is None:
-            known = self._plans[id(park)] = (park, self._parking.plan(destination.id, park))
+            plan = self._parking.plan(destination.id, park, place)
+            known = self._plans[(id(park), place)] = (park, plan)
         plan = known[1]
         size = entry_size(key, value)
         group = self._groups.get((id(park), source))

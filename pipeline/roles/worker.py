@@ -141,7 +141,7 @@ async def run_roles(
         retry = deliverers.get("retry")
         if retry is not None:  # records waiting for a turn under a rate limit stay here
             for delivery in deliverers.values():
-                delivery.parking.local_place = retry.owned_place
+                delivery.parking.holds_place = retry.holds_place
         if "router" in roles:
             dedupe = await asyncio.to_thread(_dedupe, settings, topics)
             # Delivering here too: records for a destination whose every circuit is open go

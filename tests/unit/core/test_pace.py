@@ -103,6 +103,28 @@ def test_a_demand_that_ended_is_said_once_so_the_others_take_its_share() -> None
     assert pace.tick({"hooks": 40.0}) == []  # then nothing more to say
 
 
+def test_records_parked_for_their_turn_ask_in_every_interval_they_are_out() -> None:
+    """A wave of parked records comes back about once a second: the interval between two
+    waves still asks for them, and a rebalance that moves their partition ends that."""
+    pace, clocks = book()
+    pace.waited("hooks", 30, back_in=1.0, place=("retry.0", 1))
+    clocks.now += INTERVAL
+    [(_, first)] = pace.tick({"hooks": 40.0})
+    clocks.now += INTERVAL  # none came back in this interval: still out, still asked for
+    [(_, between)] = pace.tick({"hooks": 40.0})
+    assert first.demand == between.demand == 30.0
+    clocks.now += INTERVAL  # back (due at 1.0, with 0.5 s to come back): nothing asks
+    [(_, after)] = pace.tick({"hooks": 40.0})
+    assert after.demand == 0.0
+    pace.waited("hooks", 30, back_in=1.0, place=("retry.0", 1))
+    pace.moved([("retry.0", 1)])  # another member reads them back now
+    clocks.now += INTERVAL
+    pace.tick({"hooks": 40.0})
+    clocks.now += INTERVAL
+    [(_, moved)] = pace.tick({"hooks": 40.0})
+    assert moved.demand == 0.0
+
+
 def test_a_member_not_heard_for_a_while_has_left() -> None:
     pace, clocks = book()
     ask(pace, clocks, 10)

@@ -808,6 +808,47 @@ def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
     assert time.time() + 0.5 <= int(not_before) / 1000 <= time.time() + 1.0
 
 
+def test_records_waiting_for_a_turn_go_to_the_tier_partition_of_their_own_number() -> None:
+    """A backlog stays spread over the first tier as over the partitions it was read from (a
+    rebalance then moves the part whose partition moves, not a process's all), and counts in
+    this process's demand where its retry role holds the partition."""
+    health = Limited(Settings(retry_partitions=3))
+    health.wait = 7.0
+    counted: list[tuple[str, int, float, object]] = []
+
+    def waited(destination: str, records: int = 1, back_in: float = 0.0, place: object = None):
+        counted.append((destination, records, back_in, place))
+
+    health.pace.waited = waited  # type: ignore[method-assign]
+    loop, producer = FakeLoop(), FakeProducer()
+    handler = handler_for(producer, FakeSender(lambda d: [OK]), health=health)
+    handler.parking.holds_place = {(TOPICS.retry[0], 1)}.__contains__
+    batch = [
+        taken(
+            TOPICS.deliveries,
+            encoded(delivery(message_id=f"m{p}")),
+            key=b"k",
+            partition=p,
+            offset=p,
+        )
+        for p in (2, 4)
+    ]
+
+    async def go() -> None:
+        await handler.handle(batch, loop)
+        while handler._tasks:
+            await handler.aclose()
+
+    asyncio.run(go())
+    assert sorted((topic, placed) for topic, *_, placed in producer.sent) == [
+        (TOPICS.retry[0], 1),  # read from partition 4 of 3
+        (TOPICS.retry[0], 2),
+    ]
+    [(destination, records, back_in, place)] = counted  # the one parked where it is held
+    assert (destination, records, place) == ("hooks", 1, (TOPICS.retry[0], 1))
+    assert 0.5 <= back_in <= 1.0
+
+
 def test_the_share_of_the_rate_limit_follows_the_partitions_held() -> None:
     health = health_of()
     limited = TABLE.destinations["hooks"].model_copy(update={"rate_limit": 60.0})
