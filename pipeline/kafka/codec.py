@@ -29,6 +29,7 @@ import fastavro.schema
 
 from pipeline.core.exceptions import UndecodableRecord
 from pipeline.core.records import Delivery, delivery_to_record
+from pipeline.kafka.avro_reader import Reader, compile_reader
 from pipeline.kafka.avro_writer import STRINGS, Writer, compile_writer, string_bytes, write_string
 
 __all__ = ["Codec", "RecordCodec", "schema_dir", "MAGIC"]
@@ -91,6 +92,9 @@ class Codec:
         self._schemas: dict[str, Any] = {}
         self._headers: dict[str, bytes] = {}
         self._compiled: dict[str, Writer | None] = {}
+        #: The compiled reader of each current schema, by its fingerprint (records written
+        #: with another schema are resolved by fastavro).
+        self._readers: dict[bytes, Reader | None] = {}
         self._writers: dict[bytes, Any] = {}
         for stem in _SCHEMA_FILES:
             self._add(json.loads((directory / f"{stem}.avsc").read_text()), current=True)
@@ -114,6 +118,7 @@ class Codec:
             self._schemas[name] = parsed
             self._headers[name] = MAGIC + fingerprint
             self._compiled[name] = compile_writer(parsed)
+            self._readers[fingerprint] = compile_reader(parsed)
         return parsed
 
     def add_writer_schema(self, schema: dict[str, Any]) -> None:
@@ -165,10 +170,18 @@ class Codec:
         """The record as our current schema ``name`` sees it; ``UndecodableRecord`` otherwise."""
         if data is None or len(data) < _HEADER or data[:2] != MAGIC:
             raise UndecodableRecord("not an Avro single-object encoded record (no C3 01 header)")
-        writer = self._writers.get(data[2:_HEADER])
+        fingerprint = data[2:_HEADER]
+        writer = self._writers.get(fingerprint)
         if writer is None:
-            raise UndecodableRecord(f"unknown writer schema fingerprint {data[2:_HEADER].hex()}")
+            raise UndecodableRecord(f"unknown writer schema fingerprint {fingerprint.hex()}")
         reader = self._schemas[name]
+        if writer is reader:
+            compiled = self._readers.get(fingerprint)
+            if compiled is not None:
+                try:
+                    return compiled(data, _HEADER)  # type: ignore[no-any-return]
+                except Exception:  # noqa: BLE001, S110 - fastavro reads it or names the problem
+                    pass
         try:
             record = fastavro.schemaless_reader(
                 io.BytesIO(data[_HEADER:]), writer, None if writer is reader else reader
