@@ -29,6 +29,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.kafka.avro_schema import Builders, Unsupported, build
+
 __all__ = ["compile_reader", "Reader"]
 
 #: The value of a whole record read from ``data`` at ``start``; raises on what it does not expect.
@@ -38,10 +40,6 @@ _Read = Callable[[bytes, int], tuple[Any, int]]
 
 _DOUBLE = struct.Struct("<d").unpack_from
 _FLOAT = struct.Struct("<f").unpack_from
-
-
-class _Unsupported(Exception):
-    """The schema uses something ``compile_reader`` does not cover."""
 
 
 class _Corrupt(ValueError):
@@ -127,7 +125,7 @@ def compile_reader(schema: Any) -> Reader | None:
     )
     try:
         read = _compile(schema, named, frozenset())
-    except _Unsupported:
+    except Unsupported:
         return None
 
     def read_all(data: bytes, start: int) -> Any:
@@ -140,28 +138,7 @@ def compile_reader(schema: Any) -> Reader | None:
 
 
 def _compile(schema: Any, named: dict[str, Any], enclosing: frozenset[str]) -> _Read:
-    if isinstance(schema, str):
-        if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema]
-        if schema in named and schema not in enclosing:
-            return _compile(named[schema], named, enclosing)
-        raise _Unsupported(f"named type {schema!r} (unknown or recursive)")
-    if isinstance(schema, list):
-        return _union([_compile(branch, named, enclosing) for branch in schema])
-    if not isinstance(schema, dict) or "logicalType" in schema:
-        raise _Unsupported(repr(schema))
-    kind = schema.get("type")
-    if kind == "record":
-        return _record(schema, named, enclosing | {schema["name"]})
-    if kind == "enum":
-        return _enum(tuple(schema["symbols"]))
-    if kind == "array":
-        return _array(_compile(schema["items"], named, enclosing))
-    if kind == "map":
-        return _map(_compile(schema["values"], named, enclosing))
-    if kind in _PRIMITIVES:
-        return _PRIMITIVES[kind]
-    raise _Unsupported(repr(kind))
+    return build(schema, named, enclosing, _BUILDERS)
 
 
 #: Field readers ``_record`` writes inline, as Python source (the value goes to ``v``): a call per
@@ -240,7 +217,8 @@ def _indent(code: str, prefix: str) -> str:
     return "\n".join(prefix + line for line in code.splitlines())
 
 
-def _union(branches: list[_Read]) -> _Read:
+def _union(schema: list[Any], named: dict[str, Any], enclosing: frozenset[str]) -> _Read:
+    branches = [_compile(branch, named, enclosing) for branch in schema]
     if len(branches) == 2 and branches[0] is _read_null:  # ["null", X], most of ours
         other = branches[1]
 
@@ -265,7 +243,8 @@ def _union(branches: list[_Read]) -> _Read:
     return read_union
 
 
-def _enum(symbols: tuple[str, ...]) -> _Read:
+def _enum(names: list[str]) -> _Read:
+    symbols = tuple(names)
     count = len(symbols)
 
     def read_enum(data: bytes, pos: int) -> tuple[str, int]:
@@ -316,3 +295,6 @@ def _map(read: _Read) -> _Read:
         return entries, _blocks(data, pos, entry)
 
     return read_map
+
+
+_BUILDERS = Builders(_PRIMITIVES, _record, _union, _enum, _array, _map)

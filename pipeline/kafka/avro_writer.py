@@ -29,6 +29,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.kafka.avro_schema import Builders, Unsupported, build
+
 __all__ = ["compile_writer", "Writer"]
 
 #: Appends one value's Avro binary encoding to ``out``; raises on a value it does not expect.
@@ -40,10 +42,6 @@ _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _SMALL = [bytes([n << 1]) for n in range(64)]
 _DOUBLE = struct.Struct("<d").pack
 _FLOAT = struct.Struct("<f").pack
-
-
-class _Unsupported(Exception):
-    """The schema uses something ``compile_writer`` does not cover."""
 
 
 #: Varints of values met lately, by value: timestamps repeat within a millisecond (a batch's
@@ -156,33 +154,12 @@ def compile_writer(schema: Any) -> Writer | None:
     )
     try:
         return _compile(schema, named, frozenset())
-    except _Unsupported:
+    except Unsupported:
         return None
 
 
 def _compile(schema: Any, named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
-    if isinstance(schema, str):
-        if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema]
-        if schema in named and schema not in enclosing:
-            return _compile(named[schema], named, enclosing)
-        raise _Unsupported(f"named type {schema!r} (unknown or recursive)")
-    if isinstance(schema, list):
-        return _union(schema, named, enclosing)
-    if not isinstance(schema, dict) or "logicalType" in schema:
-        raise _Unsupported(repr(schema))
-    kind = schema.get("type")
-    if kind == "record":
-        return _record(schema, named, enclosing | {schema["name"]})
-    if kind == "enum":
-        return _enum(schema["symbols"])
-    if kind == "array":
-        return _array(_compile(schema["items"], named, enclosing))
-    if kind == "map":
-        return _map(_compile(schema["values"], named, enclosing))
-    if kind in _PRIMITIVES:
-        return _PRIMITIVES[kind]
-    raise _Unsupported(repr(kind))
+    return build(schema, named, enclosing, _BUILDERS)
 
 
 #: Field writers ``_record`` writes inline, as Python source (the field's value in ``v``): a call
@@ -260,7 +237,7 @@ def _enum(symbols: list[str]) -> Writer:
 
 def _union(branches: list[Any], named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
     if len(branches) != 2 or "null" not in branches:
-        raise _Unsupported(f"union {branches!r}: only ['null', X] is compiled")
+        raise Unsupported(f"union {branches!r}: only ['null', X] is compiled")
     null_index = branches.index("null")
     other = _compile(branches[1 - null_index], named, enclosing)
     null_tag, other_tag = _SMALL[null_index], _SMALL[1 - null_index]
@@ -352,3 +329,6 @@ def long_bytes(value: int) -> bytes:
     an int's bytes (the same varint), for ints of the pipeline's own making."""
     _write_long(bytearray(), value)  # its checks: an int, in range
     return _varint(value)
+
+
+_BUILDERS = Builders(_PRIMITIVES, _record, _union, _enum, _array, _map)
