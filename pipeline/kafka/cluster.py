@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -80,10 +81,12 @@ class KafkaLoginRefused(BrokerUnavailable):
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """What answered: its cluster id and how many brokers its metadata lists."""
+    """What answered: its cluster id, how many brokers its metadata lists, and how many
+    partitions each of its topics has."""
 
     cluster_id: str | None
     brokers: int
+    partitions: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def embedded(self) -> bool:
@@ -121,7 +124,8 @@ def reach(settings: Settings, timeout: float = 30.0) -> Cluster:
     while True:
         try:
             metadata = admin.list_topics(timeout=deadline.capped(0.5, floor=0.05))
-            return Cluster(metadata.cluster_id, len(metadata.brokers))
+            partitions = {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+            return Cluster(metadata.cluster_id, len(metadata.brokers), partitions)
         except KafkaException as exc:
             last = exc.args[0].str() if exc.args else str(exc)
         admin.poll(0)  # serve the error callback

@@ -137,6 +137,11 @@ async def run_roles(
                     deleted=None if deletions is None else deletions.deleted,
                     holds=holds,
                 )
+                # Records waiting for a turn go to a partition of the first tier by number: of
+                # those it has (a topic made before PIPELINE_RETRY_PARTITIONS changed keeps its).
+                made = cluster.partitions.get(topics.retry[0])
+                if made:
+                    deliverers[role].parking.tier_partitions = made
                 deliverers[role].start()
         retry = deliverers.get("retry")
         if retry is not None:  # records waiting for a turn under a rate limit stay here

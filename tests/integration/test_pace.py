@@ -102,6 +102,26 @@ def test_a_rate_limit_holds_while_a_worker_joins_the_group(
         pytest.xfail(f"known: {observed:.1f}/s across the rebalance, outside 27-33/s")
 
 
+def test_records_waiting_for_a_turn_go_to_a_partition_the_first_tier_has(
+    settings, receiver_factory, process_factory
+):
+    """They go to the first tier's partition of the number they were read from, modulo the
+    partitions Kafka has: a worker told the tiers have 3 (``PIPELINE_RETRY_PARTITIONS``) while
+    they were made with 2 still parks the calls of deliveries partition 2, and delivers them."""
+    assert settings.retry_partitions == 2 and settings.partitions == 3
+    limit, count = 30.0, 120
+    receiver = receiver_factory(200)
+    apply(settings, simple_config(receiver.url, rate_limit=limit))
+    ports = workers(process_factory, settings, 1, env={"PIPELINE_RETRY_PARTITIONS": "3"})
+    wait_for(lambda: settled(settings, ports), timeout=60)
+    send_calls(settings, calls(count), "wk")
+    wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == count, timeout=60)
+    parked = (try_scrape(ports[0]) or {}).get(
+        ("pipeline_parked_total", (("reason", "rate_limited"),)), 0.0
+    )
+    assert parked > 0, "nothing waited for a turn: the test measured nothing"
+
+
 def test_retry_after_pauses_the_destination_in_every_process(
     settings, receiver_factory, process_factory
 ):
