@@ -144,7 +144,7 @@ async def run_roles(
                     deliverers[role].parking.tier_partitions = made
                 deliverers[role].start()
         retry = deliverers.get("retry")
-        if retry is not None:  # records waiting for a turn under a rate limit stay here
+        if retry is not None:  # records parked for a turn where it reads count in the demand here
             for delivery in deliverers.values():
                 delivery.parking.holds_place = retry.holds_place
         if "router" in roles:
