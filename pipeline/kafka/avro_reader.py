@@ -29,7 +29,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.kafka.avro_schema import Builders, Unsupported, build
+from pipeline.kafka.avro_schema import Builders, build, compile_schema
 
 __all__ = ["compile_reader", "Reader"]
 
@@ -120,12 +120,8 @@ def compile_reader(schema: Any) -> Reader | None:
     """A reader for records written with ``schema`` (as ``fastavro.parse_schema`` returns it),
     or ``None`` when the schema uses something this module does not cover (then use
     fastavro)."""
-    named: dict[str, Any] = (
-        dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
-    )
-    try:
-        read = _compile(schema, named, frozenset())
-    except Unsupported:
+    read = compile_schema(schema, _BUILDERS)
+    if read is None:
         return None
 
     def read_all(data: bytes, start: int) -> Any:
@@ -181,7 +177,7 @@ _INLINE = {"string": _STRING, "bytes": _BYTES, "long": _LONG, "int": _LONG}
 def _record(schema: dict[str, Any], named: dict[str, Any], enclosing: frozenset[str]) -> _Read:
     """One function reading the record's fields in order: strings, longs and ``["null", X]``
     of them inline, the others through their readers."""
-    scope: dict[str, Any] = {"_read_long": _read_long, "_Corrupt": _Corrupt}
+    scope: dict[str, Any] = {"_Corrupt": _Corrupt}
     lines = ["def read_record(data, pos):", "    size = len(data)", "    r = {}"]
     for index, field in enumerate(schema["fields"]):
         kind, optional = field["type"], False

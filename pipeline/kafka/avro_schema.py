@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["Builders", "Unsupported", "build"]
+__all__ = ["Builders", "Unsupported", "build", "compile_schema"]
 
 T = TypeVar("T")
 
@@ -57,3 +57,16 @@ def build(
     if isinstance(kind, str) and kind in builders.primitives:
         return builders.primitives[kind]
     raise Unsupported(repr(kind))
+
+
+def compile_schema(schema: Any, builders: Builders[T]) -> T | None:
+    """The function ``builders`` make of a whole parsed schema (as ``fastavro.parse_schema``
+    returns it, its named types with it), or ``None`` when it uses something they do not
+    cover (then use fastavro)."""
+    named: dict[str, Any] = (
+        dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
+    )
+    try:
+        return build(schema, named, frozenset(), builders)
+    except Unsupported:
+        return None

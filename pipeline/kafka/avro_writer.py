@@ -29,7 +29,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.kafka.avro_schema import Builders, Unsupported, build
+from pipeline.kafka.avro_schema import Builders, Unsupported, build, compile_schema
 
 __all__ = ["compile_writer", "Writer"]
 
@@ -149,13 +149,7 @@ _PRIMITIVES: dict[str, Writer] = {
 def compile_writer(schema: Any) -> Writer | None:
     """A writer for ``schema`` (as ``fastavro.parse_schema`` returns it), or ``None`` when the
     schema uses something this module does not cover (then use fastavro)."""
-    named: dict[str, Any] = (
-        dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
-    )
-    try:
-        return _compile(schema, named, frozenset())
-    except Unsupported:
-        return None
+    return compile_schema(schema, _BUILDERS)
 
 
 def _compile(schema: Any, named: dict[str, Any], enclosing: frozenset[str]) -> Writer:
