@@ -200,8 +200,6 @@ def trace_headers(headers: Any) -> TraceHeaders:
     ]
 
 
-#: A ``traceparent`` passed on as it came: version 00, exactly (W3C Trace Context).
-_TRACEPARENT = TRACEPARENT_FORM
 #: A ``tracestate`` passed on as it came: printable ASCII, within the W3C length.
 _TRACESTATE = re.compile(rb"[\x20-\x7e]{1,512}")
 
@@ -213,11 +211,11 @@ def cleaned(trace: TraceHeaders) -> TraceHeaders:
     that it can go into a request header and a parked batch's list as it is."""
     if len(trace) == 1:  # the common case: a traceparent alone
         name, value = trace[0]
-        if name == TRACEPARENT and _TRACEPARENT.fullmatch(value):
+        if name == TRACEPARENT and TRACEPARENT_FORM.fullmatch(value):
             return trace
         return []
     parent = [value for name, value in trace if name == TRACEPARENT]
-    if len(parent) != 1 or not _TRACEPARENT.fullmatch(parent[0]):
+    if len(parent) != 1 or not TRACEPARENT_FORM.fullmatch(parent[0]):
         return []
     state = [value for name, value in trace if name == TRACESTATE]
     if len(state) == 1 and _TRACESTATE.fullmatch(state[0]):
