@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlsplit
 
 from pipeline.core.circuit import CircuitBreaker, CircuitState
@@ -112,7 +113,16 @@ class Endpoint:
     ``host`` is ``None`` for a URL that cannot be parsed (the sender refuses it before any
     request; it is never refused by a circuit)."""
 
-    __slots__ = ("url", "host", "breaker", "in_flight", "quiet_since", "latency", "_refusals")
+    __slots__ = (
+        "url",
+        "host",
+        "breaker",
+        "in_flight",
+        "quiet_since",
+        "latency",
+        "_refusals",
+        "silence_check",
+    )
 
     def __init__(self, url: str, host: _Host | None, settings: Settings) -> None:
         self.url = url
@@ -124,6 +134,9 @@ class Endpoint:
         #: How long it takes to answer (a moving average of answered requests; None: unknown).
         self.latency: float | None = None
         self._refusals: dict[bool, UrlResult] = {}
+        #: ``EndpointHealth.silent`` of this endpoint, one callable for every request to it (set
+        #: by ``EndpointHealth.endpoint``): a slot's waiters on it share one verdict a check.
+        self.silence_check: Callable[[], bool] = lambda: False
 
     def silent(self, now: float, at_most: float) -> bool:
         """Requests are out and none has come back for ten times its usual answer time (at
@@ -197,6 +210,7 @@ class EndpointHealth:
             if len(self._endpoints) >= MAX_ENDPOINTS:
                 self._endpoints.clear()
             found = self._endpoints[url] = Endpoint(url, self._host_of(url), self._settings)
+            found.silence_check = partial(self.silent, found)
         return found
 
     def _host_of(self, url: str) -> _Host | None:

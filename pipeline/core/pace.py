@@ -204,6 +204,10 @@ class PaceBook:
         self._clock = clock
         self._own: dict[str, _Own] = {}
         self._heard: dict[str, dict[str, _Heard]] = {}
+        # Asked for every record, kept as reports come (written only by ``take``'s thread): the
+        # latest pause any member ever reported, and the destinations some member lowered.
+        self._heard_paused: dict[str, float] = {}
+        self._heard_lowered: set[str] = set()
         self._changes: list[PaceChange] = []
         self._moved: deque[frozenset[object]] = deque()  # appended on a consumer's thread
         self._interval_started = self._last_step = clock()
@@ -291,6 +295,10 @@ class PaceBook:
         except ValueError:
             return
         self._heard.setdefault(destination, {})[member] = _Heard(report, self._clock())
+        if report.paused_until > self._heard_paused.get(destination, 0.0):
+            self._heard_paused[destination] = report.paused_until
+        if report.pace is not None:
+            self._heard_lowered.add(destination)
 
     def _live(self, destination: str) -> Iterable[tuple[str, Report]]:
         now, wall = self._clock(), self._wall()
@@ -319,6 +327,8 @@ class PaceBook:
         """The lowest live lowered pace of ``destination`` (requests per second for the whole
         group; ``None``: not lowered)."""
         own = self._own.get(destination)
+        if destination not in self._heard_lowered:  # the common case: nobody lowered it
+            return None if own is None else own.pace
         paces = [r.pace for _, r in self._live(destination) if r.pace is not None]
         if own is not None and own.pace is not None:
             paces.append(own.pace)
@@ -328,9 +338,8 @@ class PaceBook:
         """When ``destination``'s pause ends (epoch seconds; 0: none), by any member's word,
         live or not: a pause is a time, not a claim on the present."""
         own = self._own.get(destination)
-        heard = list(self._heard.get(destination, {}).values())  # a copy: ``take``'s thread
-        until = max((h.report.paused_until for h in heard), default=0.0)
-        return max(until, 0.0 if own is None else own.paused_until)
+        until = self._heard_paused.get(destination, 0.0)  # a member's pause only grows
+        return until if own is None or own.paused_until < until else own.paused_until
 
     def paused_for(self, destination: str) -> float:
         """Seconds left of ``destination``'s pause (0: none)."""

@@ -438,7 +438,7 @@ class WebhookSender:
         endpoint = health.endpoint(url)
         # A record waiting behind a hanging endpoint would hold the worker's in-flight slot for
         # nothing: it stops waiting once the endpoint falls silent.
-        give_up = None if final else (lambda: health.silent(endpoint))
+        give_up = None if final else endpoint.silence_check
         if not await target.slots.acquire(give_up):
             return endpoint.silenced()
         try:

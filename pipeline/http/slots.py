@@ -76,20 +76,23 @@ class Slots:
 
     def _let_go(self) -> None:
         """The periodic check: let go the waiters whose ``give_up()`` is true; again in
-        ``interval`` while some that may give up still wait."""
+        ``interval`` while some that may give up still wait. Each ``give_up`` is asked once a
+        check, however many waiters share it (a sender gives all of an endpoint's one)."""
         self._check = None
-        kept: deque[tuple[asyncio.Future[bool], GiveUp | None]] = deque()
-        checked = False
-        for waiter in self._waiters:
-            future, give_up = waiter
-            if future.done():
+        verdicts: dict[GiveUp, bool] = {}
+        let_go = checked = False
+        for future, give_up in self._waiters:
+            if give_up is None or future.done():
                 continue
-            if give_up is not None:
-                if give_up():
-                    future.set_result(False)
-                    continue
+            verdict = verdicts.get(give_up)
+            if verdict is None:
+                verdict = verdicts[give_up] = give_up()
+            if verdict:
+                future.set_result(False)
+                let_go = True
+            else:
                 checked = True
-            kept.append(waiter)
-        self._waiters = kept
+        if let_go:
+            self._waiters = deque(waiter for waiter in self._waiters if not waiter[0].done())
         if checked:
             self._check = asyncio.get_running_loop().call_later(self._interval, self._let_go)

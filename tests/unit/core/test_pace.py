@@ -171,6 +171,19 @@ def test_a_pause_outlives_the_member_that_asked_for_it() -> None:
     assert pace.paused_for("hooks") == pytest.approx(60.0 - LIVE_FOR * 4)
 
 
+def test_the_longest_pause_heard_holds_until_it_ends() -> None:
+    pace, clocks = book()
+    hear(pace, clocks, "b", paused_until=WALL + 10.0)
+    hear(pace, clocks, "c", paused_until=WALL + 5.0)  # a shorter one does not shorten it
+    assert pace.paused_for("hooks") == pytest.approx(10.0)
+    assert pace.paused_until("hooks") == WALL + 10.0
+    clocks.now += 11.0
+    hear(pace, clocks, "b", paused_until=0.0)  # its pause ended: its reports say none
+    assert pace.paused_for("hooks") == 0.0
+    pace.answered("hooks", 429, 20.0)  # a new pause here counts, beside the heard ones
+    assert pace.paused_for("hooks") == pytest.approx(20.0)
+
+
 def test_a_pause_is_never_longer_than_an_hour_and_503_pauses_too() -> None:
     pace, _ = book()
     pace.answered("hooks", 503, 86_400.0)
@@ -238,6 +251,15 @@ def test_members_adopt_the_lowest_live_pace() -> None:
     pace.tick({"hooks": 40.0})
     clocks.now += LIVE_FOR + 0.1  # b is gone; a goes on from the pace it adopted
     assert pace.pace("hooks") == pytest.approx(12.0)
+
+
+def test_a_lowered_pace_heard_counts_only_while_its_member_is_live() -> None:
+    pace, clocks = book()
+    assert pace.pace("hooks") is None
+    hear(pace, clocks, "b", demand=5.0, pace=12.0)
+    assert pace.pace("hooks") == 12.0
+    clocks.now += LIVE_FOR + 0.1  # b is gone, and this member never adopted its pace
+    assert pace.pace("hooks") is None
 
 
 # ---- what the sender sees ------------------------------------------------------------------------

@@ -138,3 +138,32 @@ def test_many_waiters_and_releases_keep_the_count() -> None:
         assert slots.locked()
 
     run(test)
+
+
+def test_waiters_sharing_a_give_up_are_judged_by_one_call_a_check() -> None:
+    """An endpoint's waiters share its ``give_up``: a check asks it once, not once a waiter,
+    and lets them all go together."""
+
+    async def test() -> None:
+        slots = Slots(1, interval=0.01)
+        await slots.acquire()
+        calls: list[bool] = []
+        silent = False
+
+        def give_up() -> bool:
+            calls.append(silent)
+            return silent
+
+        waiters = [asyncio.create_task(slots.acquire(give_up=give_up)) for _ in range(50)]
+        other = asyncio.create_task(slots.acquire(give_up=lambda: False))
+        await asyncio.sleep(0.055)
+        checks = len(calls)
+        assert 1 <= checks <= 10, f"{checks} calls in some 5 checks of 50 waiters"
+        silent = True
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 1) == [False] * 50
+        assert len(calls) <= checks + 2  # one check let all 50 go
+        assert not other.done()
+        slots.release()
+        assert await asyncio.wait_for(other, 1) is True
+
+    run(test)
