@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pipeline.core.outcomes import UrlResult
 from pipeline.runtime import tracing
 
-__all__ = ["traced_post"]
+__all__ = ["traced_post", "passed_on"]
 
 Post = Callable[[dict[str, str]], Awaitable[UrlResult]]
 
@@ -37,6 +37,17 @@ def _url_attributes(url: str) -> dict[str, str | int]:
         "server.address": host,
         "server.port": port,
     }
+
+
+def passed_on(headers: dict[str, str], trace: tracing.TraceHeaders) -> dict[str, str]:
+    """``headers`` and the trace context ``trace`` as it came, for a request whose span is not
+    recorded here (the sender calls this, not ``traced_post``, then: no coroutine, span or
+    attributes for a context that only passes through). Cleaned again: a record on
+    ``deliveries`` someone else produced must not fail the request."""
+    passed = headers.copy()
+    for name, value in tracing.cleaned(trace):
+        passed[name] = value.decode("latin-1")
+    return passed
 
 
 async def traced_post(
@@ -61,9 +72,7 @@ async def traced_post(
     if span is None:
         if not sent:
             return await post(headers)
-        # Cleaned again: a record on deliveries someone else produced must not fail the request.
-        passed = {name: value.decode("latin-1") for name, value in tracing.cleaned(trace)}
-        return await post({**headers, **passed})
+        return await post(passed_on(headers, trace))
     if resends:
         span.set_attribute("http.request.resend_count", resends)
     if sent:

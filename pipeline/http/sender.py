@@ -48,8 +48,9 @@ from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
 from pipeline.http.oauth2 import TokenError, Tokens
-from pipeline.http.request_tracing import traced_post
+from pipeline.http.request_tracing import passed_on, traced_post
 from pipeline.http.slots import Slots
+from pipeline.runtime import tracing
 from pipeline.runtime.awake_clock import AwakeClock
 from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
 from pipeline.runtime.tracing import TraceHeaders
@@ -258,7 +259,9 @@ class WebhookSender:
             signed = {**signed, "Authorization": f"Bearer {token}"}
 
         def post(url: str, headers: dict[str, str]) -> Awaitable[UrlResult]:
-            if not trace:
+            if not trace or not tracing.recording(trace):  # no span: the context passes on
+                if trace and destination.trace_context:
+                    headers = passed_on(headers, trace)
                 return self._guarded_post(url, headers, body, final, tls, proxy)
             return traced_post(
                 lambda sent: self._guarded_post(url, sent, body, final, tls, proxy),

@@ -428,7 +428,7 @@ class RouterHandler:
         size = len(taken.message.value() or b"")
         at = int(time.time() * 1000)
         destinations = [name for _, name in decision.keys]
-        trace_id = (tracing.trace_id_of(trace) or "") if trace else ""
+        trace_id = tracing.cleaned_trace_id(trace)  # the call's context as it came, cleaned
         if not self._log_bodies and decision.dropped is None and not decision.excluded:
             return RoutedRecord(call, size, at, destinations, trace_id)
         body = None

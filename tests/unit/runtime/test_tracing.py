@@ -113,3 +113,24 @@ def test_a_valid_context_passes_and_a_bad_tracestate_alone_is_dropped() -> None:
     assert tracing.cleaned([("traceparent", SAMPLED), ("tracestate", b"a=\xff")]) == [
         ("traceparent", SAMPLED)
     ]
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        [(tracing.TRACEPARENT, b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")],
+        [
+            (tracing.TRACESTATE, b"a=b"),
+            (tracing.TRACEPARENT, b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+        ],
+        [(tracing.TRACEPARENT, b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")],
+        [(tracing.TRACEPARENT, b"garbage")],
+        [],
+    ],
+)
+def test_the_trace_id_of_a_cleaned_context_is_its_traceparents(
+    trace: tracing.TraceHeaders,
+) -> None:
+    """The router reads it off the cleaned context without parsing it again."""
+    clean = tracing.cleaned(trace)
+    assert tracing.cleaned_trace_id(clean) == (tracing.trace_id_of(trace) if clean else "")
