@@ -21,6 +21,7 @@ from pipeline.core.settings import Settings
 from pipeline.http import reqwest_post
 from pipeline.http.sender import WebhookSender
 from pipeline.runtime.net import free_port
+from tests.unit.http._receiving import sender_and_server
 
 LOOPBACK = Settings(http_client="reqwest", allowed_networks=("127.0.0.0/8",), delivery_timeout=1.0)
 
@@ -54,20 +55,9 @@ def with_server(
         return web.Response(status=200, text="ok")
 
     async def go() -> None:
-        app = web.Application()
-        app.router.add_route("POST", "/{tail:.*}", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        sender = await WebhookSender(settings).start()
-        assert sender._reqwest is not None
-        try:
+        async with sender_and_server(handle, settings, tls) as (sender, port):
+            assert sender._reqwest is not None
             await test(sender, f"{'https' if tls else 'http'}://127.0.0.1:{port}", seen)
-        finally:
-            await sender.aclose()
-            await runner.cleanup()
 
     asyncio.run(go())
 

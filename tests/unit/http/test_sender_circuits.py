@@ -17,6 +17,7 @@ from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.settings import Settings
 from pipeline.http.sender import WebhookSender
 from pipeline.runtime.net import free_port
+from tests.unit.http._receiving import sender_and_server
 
 SETTINGS = Settings(allowed_networks=("127.0.0.0/8",), circuit_failures=1, circuit_cool_down=60.0)
 A, B = "http://127.0.0.1:9001/hook", "http://127.0.0.1:9002/hook"
@@ -116,19 +117,8 @@ def with_receiver(
         return web.Response(status=500 if request.path == "/fail" else 200)
 
     async def go() -> None:
-        app = web.Application()
-        app.router.add_route("POST", "/{tail:.*}", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        sender = await WebhookSender(settings).start()
-        try:
+        async with sender_and_server(handle, settings) as (sender, port):
             await test(sender, f"http://127.0.0.1:{port}")
-        finally:
-            await sender.aclose()
-            await runner.cleanup()
 
     asyncio.run(go())
 

@@ -12,8 +12,8 @@ from aiohttp import web
 
 from pipeline.core.config import Destination
 from pipeline.core.settings import Settings
-from pipeline.http.sender import WebhookSender
 from pipeline.runtime import tracing
+from tests.unit.http._receiving import sender_and_server
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -28,24 +28,13 @@ def received(trace: tracing.TraceHeaders, client: str, **fields: Any) -> list[di
         return web.Response(status=200)
 
     async def go() -> None:
-        app = web.Application()
-        app.router.add_route("POST", "/hook", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         settings = Settings(allowed_networks=("127.0.0.0/8",), http_client=client)
-        sender = await WebhookSender(settings).start()
-        hook = {"url": f"http://127.0.0.1:{port}/hook", "headers": {"X-Static": "s"}}
-        destination = Destination(id="d", sources=["web"], webhooks=[hook], **fields)
-        try:
+        async with sender_and_server(handle, settings) as (sender, port):
+            hook = {"url": f"http://127.0.0.1:{port}/hook", "headers": {"X-Static": "s"}}
+            destination = Destination(id="d", sources=["web"], webhooks=[hook], **fields)
             for _ in range(2):
                 [result] = await sender.attempt(destination, b"{}", "m1", trace=trace)
                 assert result.status == 200
-        finally:
-            await sender.aclose()
-            await runner.cleanup()
 
     assert not tracing.enabled()
     asyncio.run(go())
