@@ -68,10 +68,10 @@ MIN_PARK_WAIT = 1.0
 RATE_WAIT_IN_FLIGHT = 0.5
 #: A record parked for its turn comes back this long before the records held in flight have all
 #: had theirs (the hand-off through a retry tier takes a moment, and the turns must not idle),
-#: and at most ``RATE_PARK_MAX`` after it was parked: the shares of the processes change every
-#: second, and a turn reckoned at a small share would be late at a larger one.
+#: and at most ``RATE_PARK_MAX`` after it was parked: the shares of the processes change at every
+#: report (``pace.INTERVAL``), and a turn reckoned at a small share would be late at a larger one.
 RATE_PARK_LEAD = 0.25
-RATE_PARK_MAX = 1.0
+RATE_PARK_MAX = 0.5
 #: A silent destination's records wait until its requests out have timed out, this at least.
 SILENT_WAIT = 1.0
 #: A carried probe has been answered this long after the reopening at the latest, past the
@@ -93,7 +93,7 @@ class ParkReason(enum.StrEnum):
     UNANSWERED = "unanswered"
     """Its first requests are unanswered and its host's connections' worth of records are out."""
     RATE_LIMITED = "rate_limited"
-    """Its turn under ``rate_limit`` is more than a second off."""
+    """Its turn under ``rate_limit`` is more than half a second off."""
 
 
 #: Waits its owner or its receiver chose (a ``rate_limit``, a ``max_in_flight``, a

@@ -14,8 +14,8 @@ publishes a ``Report`` every ``INTERVAL`` to a compacted topic that every member
 - **A pause**: a 429 or 503 with ``Retry-After`` stops the destination's attempts in every member
   until then (``RETRY_AFTER_MAX`` at most), as soon as the report reaches them.
 - **A lower pace** (AIMD): a 429 without ``Retry-After`` lowers the group's pace to
-  ``DECREASE`` of what the receiver accepted in the last interval (at most once an interval);
-  each interval without one adds a fixed step (``STEP`` of the lowered pace) until the pace is
+  ``DECREASE`` of what the receiver accepted lately (at most once a ``STEP_EVERY``); each
+  ``STEP_EVERY`` without one adds a fixed step (``STEP`` of the lowered pace) until the pace is
   back at ``rate_limit``, or, for an unlimited destination, at twice the lowered pace. Members
   adopt the lowest live pace.
 
@@ -50,17 +50,22 @@ __all__ = [
     "split_key",
 ]
 
-#: How often a member reports, and how often a lowered pace steps back up.
-INTERVAL = 1.0
+#: How often a member reports: a share is as stale as the last report, and a record parked for
+#: its turn comes back at most an interval later (``admission.RATE_PARK_MAX``). Every second
+#: lost 1.5-4/s of a 30/s limit across a join (``tests/integration/test_pace.py``).
+INTERVAL = 0.5
+#: How often a lowered pace steps back up (and at most how often a 429 lowers it).
+STEP_EVERY = 1.0
 #: A member not heard of for this long (by this member's clock) has left.
 LIVE_FOR = 3.5
 #: A report older than this by its own timestamp is stale, whatever the clock of its reading.
 STALE_AFTER = 60.0
 #: The longest pause a ``Retry-After`` makes.
 RETRY_AFTER_MAX = 3600.0
-#: A 429 lowers the pace to this fraction of what the receiver accepted in the last interval.
+#: A 429 lowers the pace to this fraction of what the receiver accepted lately.
 DECREASE = 0.9
-#: Each interval without a 429 raises a lowered pace by this fraction of where it was lowered to.
+#: Each ``STEP_EVERY`` without a 429 raises a lowered pace by this fraction of where it was
+#: lowered to.
 STEP = 0.05
 #: The lowest pace a destination is lowered to (requests per second).
 MIN_PACE = 1.0
@@ -229,7 +234,7 @@ class PaceBook:
     ) -> None:
         """``records`` of ``destination`` had to wait for their turn: held, or parked in
         ``place`` to come back in ``back_in`` seconds. Parked ones count in the demand of every
-        interval they are out in: waves of parked records come back about once a second, and
+        interval they are out in: waves of parked records come back about once an interval, and
         an interval between two waves must not read as a demand that ended (the share would
         fall to the fallback, or to nothing, while a backlog waits)."""
         own = self._of(destination)
@@ -261,7 +266,7 @@ class PaceBook:
 
     def _decrease(self, destination: str, own: _Own) -> None:
         now = self._clock()
-        if now - own.last_decrease < INTERVAL:
+        if now - own.last_decrease < STEP_EVERY:
             return
         accepted = self._accepted_rate(destination, own, now)
         current = self.pace(destination)
@@ -355,7 +360,7 @@ class PaceBook:
         elapsed = max(now - self._interval_started, 1e-3)
         self._interval_started = now
         # A tick made early (a change to publish at once) steps nothing up.
-        stepping = now - self._last_step >= INTERVAL * 0.9
+        stepping = now - self._last_step >= STEP_EVERY * 0.9
         if stepping:
             self._last_step = now
         moved: set[object] = set()

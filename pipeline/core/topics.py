@@ -69,7 +69,7 @@ class Topics:
 
     @property
     def pace(self) -> str:
-        """Each delivery process's word on each destination's pace, every second: its demand,
+        """Each delivery process's word on each destination's pace, twice a second: its demand,
         a lowered pace, a pause (compacted, keyed ``<destination>\\0<process>``)."""
         return f"{self.prefix}pace"
 

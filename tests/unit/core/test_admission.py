@@ -85,16 +85,17 @@ CASES: list[tuple[str, Any, Health, int, Window, float, Limits, Any]] = [
     ("unproven, batching, its host's connections out", BATCHED, Health(unproven=True), 991,
      FRESH, T0, LIMITS, Park(ParkReason.UNANSWERED, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), T0_MS,
                              DEADLINE_MS)),
-    # It comes back within a second (the shares may have changed), and a little before its turn
-    # when that is sooner, while the records held in flight still have theirs. A wait by choice
-    # (a rate limit, max_in_flight, a Retry-After) leaves a fresh record's window unstarted.
+    # It comes back within half a second (the shares may change at each report), and a little
+    # before its turn when that is sooner, while the records held in flight still have theirs.
+    # A wait by choice (a rate limit, max_in_flight, a Retry-After) leaves a fresh record's
+    # window unstarted.
     ("its turn far off", HOOKS, Health(rate_wait=4.0), 0, FRESH, T0, LIMITS,
-     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 1_000, None, None)),
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)),
     ("its turn far off, attempted before: its window kept", HOOKS, Health(rate_wait=4.0), 0,
      STAMPED, T0 + 70, LIMITS,
-     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 71_000, T0_MS, DEADLINE_MS)),
-    ("its turn a little off", HOOKS, Health(rate_wait=0.75), 0, FRESH, T0, LIMITS,
-     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)),
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 70_500, T0_MS, DEADLINE_MS)),
+    ("its turn a little off", HOOKS, Health(rate_wait=0.6), 0, FRESH, T0, LIMITS,
+     Park(ParkReason.RATE_LIMITED, 0, T0_MS + 350, None, None)),
     ("its receiver asked for a pause", HOOKS, Health(paused_for=30.0), 0, FRESH, T0, LIMITS,
      Park(ParkReason.BACK_OFF, 1, T0_MS + 30_000, None, None)),
     ("max_in_flight taken, never attempted", LIMITED, HEALTHY, 2, FRESH, T0, LIMITS,

@@ -9,7 +9,6 @@ from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.pace import (
     DECREASE,
-    INTERVAL,
     LIVE_FOR,
     MIN_PACE,
     RETRY_AFTER_MAX,
@@ -21,6 +20,9 @@ from pipeline.core.pace import (
 from pipeline.core.settings import Settings
 
 WALL = 1_800_000_000.0
+#: The tests tick a second apart: a tick may come at any time (a report says what happened per
+#: second since the last), and a lowered pace steps up once a second whatever the interval.
+SECOND = 1.0
 
 
 class Clocks:
@@ -50,7 +52,7 @@ def ask(pace: PaceBook, clocks: Clocks, taken: int, waited: int = 0) -> None:
     for _ in range(taken):
         pace.taken("hooks")
     pace.waited("hooks", waited)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 40.0})
 
 
@@ -70,7 +72,7 @@ def test_the_shares_follow_what_each_member_asks_and_add_up_to_one() -> None:
             for _ in range(taken):
                 member.taken("hooks")
             member.waited("hooks", waited)
-        clocks.now += INTERVAL
+        clocks.now += SECOND
         for member in (a, b):
             [(_, report)] = member.tick({"hooks": 40.0})
             (b if member is a else a).take(report_key("hooks", member.member), report.encode())
@@ -96,10 +98,10 @@ def test_a_member_alone_gets_all_once_the_others_first_reports_had_time_to_come(
 def test_a_demand_that_ended_is_said_once_so_the_others_take_its_share() -> None:
     pace, clocks = book()
     ask(pace, clocks, 10)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     [(destination, report)] = pace.tick({"hooks": 40.0})
     assert (destination, report.demand) == ("hooks", 0.0)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     assert pace.tick({"hooks": 40.0}) == []  # then nothing more to say
 
 
@@ -108,19 +110,19 @@ def test_records_parked_for_their_turn_ask_in_every_interval_they_are_out() -> N
     waves still asks for them, and a rebalance that moves their partition ends that."""
     pace, clocks = book()
     pace.waited("hooks", 30, back_in=1.0, place=("retry.0", 1))
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     [(_, first)] = pace.tick({"hooks": 40.0})
-    clocks.now += INTERVAL  # none came back in this interval: still out, still asked for
+    clocks.now += SECOND  # none came back in this interval: still out, still asked for
     [(_, between)] = pace.tick({"hooks": 40.0})
     assert first.demand == between.demand == 30.0
-    clocks.now += INTERVAL  # back (due at 1.0, with 0.5 s to come back): nothing asks
+    clocks.now += SECOND  # back (due at 1.0, with 0.5 s to come back): nothing asks
     [(_, after)] = pace.tick({"hooks": 40.0})
     assert after.demand == 0.0
     pace.waited("hooks", 30, back_in=1.0, place=("retry.0", 1))
     pace.moved([("retry.0", 1)])  # another member reads them back now
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 40.0})
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     [(_, moved)] = pace.tick({"hooks": 40.0})
     assert moved.demand == 0.0
 
@@ -156,7 +158,7 @@ def test_retry_after_pauses_the_destination_and_tells_the_others() -> None:
     assert pace.paused_for("hooks") == pytest.approx(30.0)
     [change] = pace.changes()
     assert (change.kind, change.status, change.until) == ("paused", 429, WALL + 30.0)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     [(_, report)] = pace.tick({"hooks": None})
     assert report.paused_until == WALL + 30.0
     other = PaceBook("b", wall=clocks.wall, clock=clocks.mono)
@@ -197,7 +199,7 @@ def test_429_without_retry_after_lowers_the_pace_below_what_was_accepted() -> No
     pace, clocks = book()
     for _ in range(100):
         pace.answered("hooks", 200, None)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": None})  # 100 accepted in the last second
     pace.answered("hooks", 429, None)
     assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
@@ -211,20 +213,20 @@ def test_a_lowered_pace_steps_back_up_to_the_limit_and_is_lifted() -> None:
     pace, clocks = book()
     for _ in range(20):
         pace.answered("hooks", 200, None)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 20.0})
     pace.answered("hooks", 429, None)
     lowered = pace.pace("hooks")
     assert lowered is not None and lowered == pytest.approx(20 * DECREASE)
     pace.changes()
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 20.0})  # the interval of the 429 does not step up
     assert pace.pace("hooks") == pytest.approx(lowered)
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 20.0})
     assert pace.pace("hooks") == pytest.approx(lowered * (1 + STEP))  # a fixed step
     for _ in range(10):
-        clocks.now += INTERVAL
+        clocks.now += SECOND
         pace.tick({"hooks": 20.0})
     assert pace.pace("hooks") is None
     assert [c.kind for c in pace.changes()] == ["restored"]
@@ -236,7 +238,7 @@ def test_an_unlimited_destinations_pace_is_lifted_at_twice_where_it_was_lowered(
     assert pace.pace("hooks") == MIN_PACE
     steps = 0
     while pace.pace("hooks") is not None and steps < 100:
-        clocks.now += INTERVAL
+        clocks.now += SECOND
         pace.tick({"hooks": None})
         steps += 1
     assert 10 <= steps <= 30
@@ -247,7 +249,7 @@ def test_members_adopt_the_lowest_live_pace() -> None:
     ask(pace, clocks, 5)
     hear(pace, clocks, "b", demand=5.0, pace=12.0)
     assert pace.pace("hooks") == 12.0
-    clocks.now += INTERVAL
+    clocks.now += SECOND
     pace.tick({"hooks": 40.0})
     clocks.now += LIVE_FOR + 0.1  # b is gone; a goes on from the pace it adopted
     assert pace.pace("hooks") == pytest.approx(12.0)
