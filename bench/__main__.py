@@ -1089,7 +1089,7 @@ def report(bench: Bench, started: float, load: str) -> str:
 
 - Versions: {versions()}.
 - Machine: {load}.
-- Each figure is the median of {bench.runs} runs (sections 3, 12 and 13: {max(bench.runs, 5)}); each ratio is
+- Each figure is the median of {bench.runs} runs (sections 3, 12, 13 and 16: {max(bench.runs, 5)}); each ratio is
   computed per run (ours and its reference back to back) and the median of those is shown. The
   machine is shared: compare ratios.
 - One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio
