@@ -95,7 +95,7 @@ PARKED = Counter(
     "its max_in_flight; silent: its webhooks have requests out and none came back for ten times "
     "their usual answer time (at least 0.25 s); unanswered: its first requests have been out 50 ms "
     "and none of its webhooks has answered yet, and it has as many records out as its host has "
-    "connections; rate_limited: its turn under rate_limit is more than a second away; back_off: its "
+    "connections; rate_limited: its turn under rate_limit is more than half a second away; back_off: its "
     "receiver asked for a pause with Retry-After).",
     ["destination", "reason"],
 )
