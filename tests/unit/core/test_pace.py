@@ -9,10 +9,12 @@ from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.pace import (
     DECREASE,
+    INTERVAL,
     LIVE_FOR,
     MIN_PACE,
     RETRY_AFTER_MAX,
     STEP,
+    STEP_EVERY,
     PaceBook,
     Report,
     report_key,
@@ -230,6 +232,25 @@ def test_a_lowered_pace_steps_back_up_to_the_limit_and_is_lifted() -> None:
         pace.tick({"hooks": 20.0})
     assert pace.pace("hooks") is None
     assert [c.kind for c in pace.changes()] == ["restored"]
+
+
+def test_a_lowered_pace_steps_up_once_a_second_however_often_reports_go() -> None:
+    """Reports go every ``INTERVAL`` (half a second); AIMD's step stays ``STEP_EVERY``."""
+    assert INTERVAL < STEP_EVERY
+    pace, clocks = book()
+    for _ in range(20):
+        pace.answered("hooks", 200, None)
+    clocks.now += SECOND
+    pace.tick({"hooks": 40.0})
+    pace.answered("hooks", 429, None)
+    lowered = pace.pace("hooks")
+    assert lowered == pytest.approx(20 * DECREASE)
+    ticks = round(4 * STEP_EVERY / INTERVAL)  # four seconds of reports
+    for _ in range(ticks):
+        clocks.now += INTERVAL
+        pace.tick({"hooks": 40.0})
+    # The first second holds the 429 (no step); then a step a second, not a step a report.
+    assert pace.pace("hooks") == pytest.approx(lowered * (1 + 3 * STEP))
 
 
 def test_an_unlimited_destinations_pace_is_lifted_at_twice_where_it_was_lowered() -> None:
