@@ -211,15 +211,21 @@ def test_429_without_retry_after_lowers_the_pace_below_what_was_accepted() -> No
     assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
 
 
-def test_a_lowered_pace_steps_back_up_to_the_limit_and_is_lifted() -> None:
-    pace, clocks = book()
+def lowered_by_a_429(pace: PaceBook, clocks: Clocks, limit: float) -> float:
+    """A second of 20 accepted answers, then a 429: the pace it lowered to."""
     for _ in range(20):
         pace.answered("hooks", 200, None)
     clocks.now += SECOND
-    pace.tick({"hooks": 20.0})
+    pace.tick({"hooks": limit})
     pace.answered("hooks", 429, None)
     lowered = pace.pace("hooks")
     assert lowered is not None and lowered == pytest.approx(20 * DECREASE)
+    return lowered
+
+
+def test_a_lowered_pace_steps_back_up_to_the_limit_and_is_lifted() -> None:
+    pace, clocks = book()
+    lowered = lowered_by_a_429(pace, clocks, 20.0)
     pace.changes()
     clocks.now += SECOND
     pace.tick({"hooks": 20.0})  # the interval of the 429 does not step up
@@ -238,13 +244,7 @@ def test_a_lowered_pace_steps_up_once_a_second_however_often_reports_go() -> Non
     """Reports go every ``INTERVAL`` (half a second); AIMD's step stays ``STEP_EVERY``."""
     assert INTERVAL < STEP_EVERY
     pace, clocks = book()
-    for _ in range(20):
-        pace.answered("hooks", 200, None)
-    clocks.now += SECOND
-    pace.tick({"hooks": 40.0})
-    pace.answered("hooks", 429, None)
-    lowered = pace.pace("hooks")
-    assert lowered == pytest.approx(20 * DECREASE)
+    lowered = lowered_by_a_429(pace, clocks, 40.0)
     ticks = round(4 * STEP_EVERY / INTERVAL)  # four seconds of reports
     for _ in range(ticks):
         clocks.now += INTERVAL
