@@ -1089,9 +1089,9 @@ def report(bench: Bench, started: float, load: str) -> str:
 
 - Versions: {versions()}.
 - Machine: {load}.
-- Each figure is the median of {bench.runs} runs (sections 3, 12, 13 and 16: {max(bench.runs, 5)}); each ratio is
-  computed per run (ours and its reference back to back) and the median of those is shown. The
-  machine is shared: compare ratios.
+- Each figure is the median of {bench.runs} runs (sections 3, 12 and 13: {max(bench.runs, 5)};
+  16: {max(bench.runs, 9)}); each ratio is computed per run (ours and its reference back to back)
+  and the median of those is shown. The machine is shared: compare ratios.
 - One embedded broker (tansu) for everything; receivers are `bench/_receiver.py` (a minimal asyncio
   HTTP/1.1 responder, one process each), serving the raw baselines and the pipeline alike.
 - Events/s are counted at the receiver, from its first answer to its last.

@@ -118,7 +118,9 @@ def section_tracing(
 
     try:
         start("off")  # first alone: a tracing-off worker, as a deployment without tracing runs
-        runs = max(bench.runs, 5)  # as in sections 12 and 13: a run's ratio spreads far here
+        # 9 runs: a run's ratio spreads ±10 % here (±30 µs of a worker's CPU a call, back to back),
+        # and the targets are 2-15 % apart.
+        runs = max(bench.runs, 9)
         single = alternated("16", runs, ("none", "off"), measure, log)
         start("on")
         paired = alternated("16", runs, ("off", "1 %", "100 %"), measure, log)
