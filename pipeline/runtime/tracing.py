@@ -60,7 +60,6 @@ __all__ = [
     "child_span",
     "headers_of",
     "step",
-    "trace_id_of",
     "cleaned_trace_id",
     "Span",
     "AnySpan",
@@ -383,16 +382,3 @@ def cleaned_trace_id(trace: TraceHeaders) -> str:
     """The trace id (32 hex digits) of a trace context ``cleaned`` made ("": none). Its
     ``traceparent`` comes first, of the W3C form: no need to parse it again."""
     return trace[0][1][3:35].decode("ascii") if trace else ""
-
-
-def trace_id_of(headers: TraceHeaders) -> str | None:
-    """The trace id (32 hex digits) a record's trace context names, if any."""
-    for name, value in headers:
-        if name == TRACEPARENT:
-            ids = parse_traceparent(value)  # the W3C form the pipeline carries
-            if ids is not None:
-                return ids[0].decode("ascii")
-            parts = value.split(b"-")
-            if len(parts) == 4 and len(parts[1]) == 32:
-                return parts[1].decode("ascii", "replace")
-    return None
