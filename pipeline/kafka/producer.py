@@ -3,10 +3,12 @@
 Two faces over confluent-kafka's producer, sharing one acknowledgement counter (``Acks``):
 
 ``AsyncProducer``
-    For the event loop (router, deliver, ingestion API, the async client). A background thread
-    polls the producer, so delivery reports arrive without the loop ever blocking on Kafka.
-    ``send_all`` resolves when Kafka answered for a whole batch (one counter per batch, not one
-    future per record) with the records it refused.
+    For the event loop (router, deliver, ingestion API, the async client). While a send waits
+    for Kafka's answers, the loop itself serves them (``poll(0)`` every ``SERVE_EVERY``): a
+    delivery report runs a Python callback, and served on a thread each one took the GIL from
+    the loop. An idle producer is polled by a background thread, for librdkafka's errors and
+    logs. The loop never blocks on Kafka. ``send_all`` resolves when Kafka answered for a whole
+    batch (one counter per batch, not one future per record) with the records it refused.
 
 ``AckedProducer``
     For commands and threads (``config apply``, ``send``, deletion requests, audience syncs, DLQ
@@ -51,6 +53,10 @@ log = logging.getLogger("pipeline.kafka")
 
 #: How long ``AckedProducer`` waits for the last acknowledgements, and for room in its queue.
 FLUSH_TIMEOUT = 60.0
+#: How often the event loop serves Kafka's answers while a send waits for them (seconds).
+SERVE_EVERY = 0.001
+#: How often the background thread looks for answers and errors while no send waits (seconds).
+IDLE_POLL = 0.1
 
 
 def produce_with(produce: Any, record: Headed | Placed, **extra: Any) -> None:
@@ -107,22 +113,26 @@ Ends = dict[tuple[str, int], int] | None
 class _BatchAcks(Acks):
     """The acknowledgements of one ``send_all`` batch; resolves its future on the last one."""
 
-    __slots__ = ("loop", "future", "expected", "ends")
+    __slots__ = ("loop", "thread", "future", "expected", "ends")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, expected: int, ends: Ends = None) -> None:
         super().__init__()
         self.loop = loop
+        self.thread = threading.get_ident()
         self.future: asyncio.Future[list[Failed]] = loop.create_future()
         self.expected = expected
         self.ends = ends
 
-    def __call__(self, error: KafkaError | None, message: Any) -> None:  # producer poll thread
+    def __call__(self, error: KafkaError | None, message: Any) -> None:  # whoever polled
         Acks.__call__(self, error, message)
         if self.ends is not None and error is None:
             where = (message.topic(), message.partition())
             self.ends[where] = max(self.ends.get(where, -1), message.offset())
         if self.answered == self.expected:
-            self.loop.call_soon_threadsafe(self._resolve)
+            if threading.get_ident() == self.thread:  # served by the loop
+                self._resolve()
+            else:  # by the idle thread, or a flush
+                self.loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
         if not self.future.done():
@@ -132,6 +142,11 @@ class _BatchAcks(Acks):
 class AsyncProducer:
     def __init__(self, settings: Settings, *, producer: Producer | None = None) -> None:
         self._producer = producer or make_producer(settings)
+        #: Sends waiting for Kafka's answers; while there are any, their loop serves them.
+        self._waiting = 0
+        self._serving: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._serving_loop: asyncio.AbstractEventLoop | None = None
+        self._said = float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="producer-poll", daemon=True)
         self._thread.start()
@@ -141,17 +156,40 @@ class AsyncProducer:
         return self._producer
 
     def _poll(self) -> None:
-        """Serve Kafka's answers until ``close``. A callback that raises makes ``poll`` raise
-        (confluent-kafka may turn it into a ``SystemError``); the thread lives on, since every
-        later acknowledgement would be lost with it, and the worker would wait for them."""
-        said = float("-inf")
+        """Serve Kafka's answers and errors while no send waits, until ``close``."""
         while not self._stop.is_set():
-            try:
-                self._producer.poll(0.05)
-            except Exception:
-                if time.monotonic() - said > 60.0:
-                    said = time.monotonic()
-                    log.exception("producer: a delivery callback failed (said once a minute)")
+            if self._waiting:  # the loop serves them
+                self._stop.wait(IDLE_POLL)
+            else:
+                self._serve_once(IDLE_POLL)
+
+    def _serve_once(self, timeout: float) -> None:
+        """One ``poll``. A callback that raises makes ``poll`` raise (confluent-kafka may turn it
+        into a ``SystemError``); serving goes on, since every later acknowledgement would be lost
+        otherwise, and the worker would wait for them."""
+        try:
+            self._producer.poll(timeout)
+        except Exception:
+            if time.monotonic() - self._said > 60.0:
+                self._said = time.monotonic()
+                log.exception("producer: a delivery callback failed (said once a minute)")
+
+    def _serve(self) -> None:
+        """On the loop: serve what Kafka answered, and again in ``SERVE_EVERY`` while a send
+        waits."""
+        self._serve_once(0)
+        loop = self._serving_loop
+        if self._waiting and loop is not None and not loop.is_closed():
+            self._serving = loop.call_later(SERVE_EVERY, self._serve)
+        else:
+            self._serving = self._serving_loop = None
+
+    def _wait_begins(self) -> None:
+        self._waiting += 1
+        loop = asyncio.get_running_loop()
+        if self._serving is None or self._serving_loop is not loop:  # none, or a dead loop's
+            self._serving_loop = loop
+            self._serving = loop.call_soon(self._serve)
 
     async def send_all(self, records: Sequence[Produced], *, ends: Ends = None) -> list[Failed]:
         """Produce every record; return the ones Kafka refused, once all answered (``ends``: see
@@ -160,17 +198,21 @@ class AsyncProducer:
             return []
         acks = _BatchAcks(asyncio.get_running_loop(), len(records), ends)
         produce = self._producer.produce
-        for record in records:  # a plain loop: no coroutine per record
-            while True:
-                try:
-                    if len(record) == 3:
-                        produce(record[0], record[2], record[1], on_delivery=acks)
-                    else:
-                        produce_with(produce, record, on_delivery=acks)
-                    break
-                except BufferError:  # local queue full: wait for the poll thread to drain it
-                    await asyncio.sleep(0.01)
-        return await acks.future
+        self._wait_begins()
+        try:
+            for record in records:  # a plain loop: no coroutine per record
+                while True:
+                    try:
+                        if len(record) == 3:
+                            produce(record[0], record[2], record[1], on_delivery=acks)
+                        else:
+                            produce_with(produce, record, on_delivery=acks)
+                        break
+                    except BufferError:  # local queue full: wait while answers drain it
+                        await asyncio.sleep(0.01)
+            return await acks.future
+        finally:
+            self._waiting -= 1
 
     async def send_all_until_acked(
         self, records: Sequence[Produced], stop: asyncio.Event | None = None, *, ends: Ends = None

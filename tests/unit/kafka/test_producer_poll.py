@@ -4,6 +4,7 @@ broker on the port)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from pipeline.core.settings import Settings
-from pipeline.kafka.producer import AsyncProducer
+from pipeline.kafka.producer import AsyncProducer, Failed
 from pipeline.runtime.net import free_port
 
 
@@ -44,5 +45,33 @@ def test_a_raising_callback_does_not_stop_the_acknowledgements(
             assert "a delivery callback failed" in caplog.text
             raw.produce("t", b"second", on_delivery=recording)
             assert answered.wait(10), "the poll thread died with the first callback"
+    finally:
+        producer.close(timeout=0.1)
+
+
+def test_a_waiting_send_is_served_by_its_own_event_loop() -> None:
+    """While a send waits, the loop polls the producer: with no poll thread left, Kafka's
+    answers (here: each record timed out, unsent) still resolve the send."""
+    raw = Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{free_port()}",
+            "message.timeout.ms": 200,
+            "log_level": 0,
+        }
+    )
+    producer = AsyncProducer(Settings(), producer=raw)
+    producer._stop.set()  # the idle poll thread ends: only the loop can serve the answers
+    producer._thread.join(timeout=5)
+    assert not producer._thread.is_alive()
+
+    async def send() -> list[Failed]:
+        return await asyncio.wait_for(
+            producer.send_all([("t", b"k1", b"v1"), ("t", b"k2", b"v2")]), 10
+        )
+
+    try:
+        failed = asyncio.run(send())
+        assert [failure.record[1] for failure in failed] == [b"k1", b"k2"]
+        assert all(failure.refusal.code == KafkaError._MSG_TIMED_OUT for failure in failed)
     finally:
         producer.close(timeout=0.1)
