@@ -594,4 +594,7 @@ class DeliveryHandler:
 def _all_refused(results: Sequence[UrlResult]) -> bool:
     """No request was made: every webhook's circuit refused it, it fell silent, or the
     destination was paused while the request waited for its turn."""
-    return all(result.failure is Failure.CIRCUIT_OPEN for result in results)
+    for result in results:  # a loop, not all() over a generator: asked of every attempt
+        if result.failure is not Failure.CIRCUIT_OPEN:
+            return False
+    return True

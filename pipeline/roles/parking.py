@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from pipeline.core.admission import (
@@ -276,13 +277,14 @@ class Parking:
         window: Window,
         now: float,
         reasons: frozenset[ParkReason] | None = None,
+        health: Health | None = None,
     ) -> Admission:
-        """``pipeline.core.admission.admit`` for a record of ``destination`` now."""
-        health = (
-            self.health.snapshot(destination)
-            if destination is not None and destination.enabled
-            else _NO_HEALTH
-        )
+        """``pipeline.core.admission.admit`` for a record of ``destination`` now (``health``:
+        its snapshot, if the caller has one of now)."""
+        if destination is None or not destination.enabled:
+            health = _NO_HEALTH
+        elif health is None:
+            health = self.health.snapshot(destination)
         in_flight = 0 if destination is None else self.in_flight.get(destination.id, 0)
         carried = None if destination is None else self._carriers.get(destination.id)
         admission = admit(
@@ -364,13 +366,25 @@ class ParkingBatch:
     up to ``MAX_BYTES``: the first one's hand-off produces it (``close``), the others' produce
     nothing, and all are finished when the batch's records are acknowledged."""
 
-    __slots__ = ("_parking", "_now", "_undecoded", "_decoded", "_plans", "_groups", "_all")
+    __slots__ = (
+        "_parking",
+        "_now",
+        "_undecoded",
+        "_decoded",
+        "_healths",
+        "_plans",
+        "_groups",
+        "_all",
+    )
 
     def __init__(self, parking: Parking, now: float) -> None:
         self._parking = parking
         self._now = now
         self._undecoded: dict[tuple[str | None, Window], Admission] = {}
         self._decoded: dict[tuple[str | None, Window], Admission] = {}
+        #: Each destination's health as of ``now``: what changes it (answers, pace reports) is
+        #: heard between batches, but for the turns taken under a rate limit (``rate_wait``).
+        self._healths: dict[str, Health] = {}
         #: The plan of each kept ``Park`` (by its identity; the admission is kept alive here).
         self._plans: dict[tuple[int, tuple[str, int] | None], tuple[Park, ParkPlan]] = {}
         self._groups: dict[tuple[int, object], _ParkedGroup] = {}
@@ -385,12 +399,25 @@ class ParkingBatch:
         key = (None if destination is None else destination.id, window)
         found = kept.get(key)
         if found is None:
-            found = self._parking.admit(destination, window, self._now)
+            health = None if destination is None else self._health(destination)
+            found = self._parking.admit(destination, window, self._now, health=health)
             if isinstance(found, Park):
                 if not found.carries_probe:
                     kept[key] = found
             elif undecoded:
                 kept[key] = found
+        return found
+
+    def _health(self, destination: Destination) -> Health:
+        """``destination``'s health as of this batch, its ``rate_wait`` as of now."""
+        health = self._parking.health
+        found = self._healths.get(destination.id)
+        if found is None:
+            found = self._healths[destination.id] = health.snapshot(destination)
+            return found
+        wait = health.rate_wait(destination)
+        if wait != found.rate_wait:
+            found = self._healths[destination.id] = replace(found, rate_wait=wait)
         return found
 
     def park(

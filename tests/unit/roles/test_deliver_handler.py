@@ -19,6 +19,7 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_reading import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles import parking as parking_module
 from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
 from pipeline.roles.delivery_tracing import WAIT_HEADER
 from pipeline.roles.parking import MAX_BYTES, PARTS_HEADER, SCHEDULE_HEADER, packed, unpacked
@@ -397,14 +398,18 @@ def test_every_circuit_open_parks_the_record_as_it_is() -> None:
     assert logged(producer) == []  # not an attempt
 
 
-class Counting(EndpointHealth):
-    """Counts the snapshots asked of it (one per admission made, not kept)."""
+class Admissions:
+    """Counts the admissions made (``admit`` asked), not those a batch kept."""
 
-    asked = 0
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made = 0
+        real = parking_module.admit
 
-    def snapshot(self, destination: Destination) -> Health:
-        self.asked += 1
-        return super().snapshot(destination)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.made += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(parking_module, "admit", counted)
 
 
 def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> None:
@@ -425,8 +430,11 @@ def test_a_fresh_record_is_parked_at_routing_when_every_circuit_is_open() -> Non
     assert parked_before._value.get() == count + 1
 
 
-def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
-    health = Counting(Settings())
+def test_the_routers_parker_decides_once_a_batch_per_destination(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admissions = Admissions(monkeypatch)
+    health = EndpointHealth(Settings())
     open_circuit(health, URL)
     handler = handler_for(FakeProducer(), FakeSender(lambda d: [OK]), health=health)
     parked = metrics.PARKED.labels(metrics.destination_label("hooks"), "circuit_open")
@@ -436,14 +444,15 @@ def test_the_routers_parker_decides_once_a_batch_per_destination() -> None:
     assert parker(b"k1", value, "hooks")  # comes back for the probe: its own plan
     assert parker(b"k2", value, "hooks") and parker(b"k3", value, "hooks")
     assert not parker(b"k4", gone, "gone")  # not configured: dead-lettered later
-    assert health.asked == 2  # the carrier's, then the plan the others share
+    # The carrier's, the plan the others share, and the unconfigured destination's.
+    assert admissions.made == 3
     carrier, shared = parker.records()  # the others in one record: one plan
     assert parts_of(carrier) == [(b"k1", value)] and shared[1] == b"k2"
     assert parts_of(shared) == [(b"k2", value), (b"k3", value)]
     assert park_header(carrier) != park_header(shared)
     assert parked._value.get() == count + 3 and parker.parked == 3  # each record counted
     assert handler.parking.routing_parker(TABLE.destinations)(b"k5", value, "hooks")
-    assert health.asked == 3  # the next batch asks again
+    assert admissions.made == 4  # the next batch asks again
 
 
 def test_a_fresh_record_for_a_silent_destination_is_parked_at_routing() -> None:
@@ -550,8 +559,11 @@ def test_a_fresh_record_is_parked_before_its_decode_when_its_destination_cannot_
     assert parked[2] == value and park_header(parked) is not None
 
 
-def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_window() -> None:
-    health = Counting(Settings())
+def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admissions = Admissions(monkeypatch)
+    health = EndpointHealth(Settings())
     open_circuit(health, URL)
     first = int(time.time() * 1000) - 5000
     batch = []
@@ -559,7 +571,7 @@ def test_parked_records_come_due_together_are_parked_again_with_one_plan_a_windo
         headers, value = parked_taken(b"not decoded", time.time() - 1, first=started)
         batch.append(taken(TOPICS.retry[1], value, offset=offset, headers=headers))
     _, loop, producer, batch = run([], FakeSender(lambda d: [OK]), batch=batch, health=health)
-    assert health.asked == 3  # the probe's carrier, the plan of its window, the other window
+    assert admissions.made == 3  # the probe's carrier, the plan of its window, the other window
     # The carrier alone, the two sharing its window's plan in one record, the other window's.
     windows = [
         (*(park_header(record) or ())[2:4], len(parts_of(record))) for record in producer.sent
@@ -808,6 +820,24 @@ def test_a_record_that_would_wait_long_for_its_rate_limit_is_parked() -> None:
     # Back at the next report at the latest, where the shares of the rate may have changed.
     due = int(not_before) / 1000
     assert before + RATE_PARK_MAX - 0.002 <= due <= time.time() + RATE_PARK_MAX
+
+
+def test_each_record_of_a_batch_waits_behind_the_turns_the_ones_before_it_took() -> None:
+    """A batch asks a destination's health once, but its rate-limit turns record by record:
+    at 4/s (a burst of 4) six start (four now, then turns in 0.25 and 0.5 s), the rest would
+    wait longer than ``RATE_PARK_MAX`` and are parked."""
+    limited = ConfigTable.build(
+        [Source(id="web", write_keys=["wk"])],
+        [Destination(id="hooks", sources=["web"], webhooks=[{"url": URL}], rate_limit=4.0)],
+    )
+    sender = FakeSender(lambda d: [OK])
+    values = [encoded(delivery(message_id=f"m{i}")) for i in range(10)]
+    _, loop, producer, batch = run(values, sender, table=limited)
+    assert RATE_PARK_MAX == 0.5
+    assert [attempt[2] for attempt in sender.attempts] == [f"m{i}" for i in range(6)]
+    parked = [record for record in producer.sent if park_header(record) is not None]
+    assert sum(len(parts_of(record)) or 1 for record in parked) == 4
+    assert sorted(record.offset for record in loop.finished) == [r.offset for r in batch]
 
 
 def test_records_waiting_for_a_turn_go_to_the_tier_partition_of_their_own_number() -> None:
