@@ -20,8 +20,8 @@ Why it is shaped like this:
   invalid request writes nothing.
 - The body is read as a stream with a cap. A gzip body is inflated piece by piece with an output
   limit, so a gzip bomb costs at most the limit of memory before it is refused with 413.
-- Producing never blocks the event loop: ``AsyncProducer`` hands delivery reports over from its
-  poll thread.
+- Producing never blocks the event loop: ``AsyncProducer`` serves delivery reports on it without
+  waiting (``poll(0)``) while a request waits for them.
 - A producer that Kafka fenced (an idempotent producer whose messages timed out can be fenced when
   it bumps its epoch) never recovers by itself; it is replaced by a fresh one, so the API accepts
   calls again as soon as the broker is back.
