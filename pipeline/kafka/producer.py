@@ -7,9 +7,9 @@ Two faces over confluent-kafka's producer, sharing one acknowledgement counter (
     runs a Python callback, which a background thread polling the producer serves at once but
     takes the GIL from the loop for: with thousands of records a second, those hand-overs cost
     the loop a tenth of its CPU. So while a send waits, the loop serves the answers itself
-    (``poll(0)`` every ``SERVE_EVERY``), and the thread serves them too only while fewer than
+    (``poll(0)`` every ``SERVE_EVERY``). The thread serves them too while fewer than
     ``THREAD_SERVES_BELOW`` records wait (a request waiting for one call is not kept waiting
-    for the next serving), and librdkafka's errors and logs while none does. The loop never
+    for the next serving), and librdkafka's errors and logs when nothing waits. The loop never
     blocks on Kafka. ``send_all`` resolves when Kafka answered for a whole batch (one counter
     per batch, not one future per record) with the records it refused.
 
