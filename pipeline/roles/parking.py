@@ -399,7 +399,9 @@ class ParkingBatch:
         key = (None if destination is None else destination.id, window)
         found = kept.get(key)
         if found is None:
-            health = None if destination is None else self._health(destination)
+            health = None
+            if destination is not None and destination.enabled:
+                health = self._health(destination)
             found = self._parking.admit(destination, window, self._now, health=health)
             if isinstance(found, Park):
                 if not found.carries_probe:
