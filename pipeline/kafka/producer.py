@@ -149,7 +149,7 @@ class AsyncProducer:
         self._producer = producer or make_producer(settings)
         #: Records waiting for Kafka's answers; while there are any, their loop serves them.
         self._waiting = 0
-        self._serving: asyncio.TimerHandle | asyncio.Handle | None = None
+        #: The loop serving them now (``None``: none is).
         self._serving_loop: asyncio.AbstractEventLoop | None = None
         self._said = float("-inf")
         self._stop = threading.Event()
@@ -185,25 +185,25 @@ class AsyncProducer:
         self._serve_once(0)
         loop = self._serving_loop
         if self._waiting and loop is not None and not loop.is_closed():
-            self._serving = loop.call_later(SERVE_EVERY, self._serve)
+            loop.call_later(SERVE_EVERY, self._serve)
         else:
-            self._serving = self._serving_loop = None
+            self._serving_loop = None
 
-    def _wait_begins(self, records: int) -> None:
+    def _wait_begins(self, loop: asyncio.AbstractEventLoop, records: int) -> None:
         self._waiting += records
-        loop = asyncio.get_running_loop()
-        if self._serving is None or self._serving_loop is not loop:  # none, or a dead loop's
+        if self._serving_loop is not loop:  # none serves, or a dead loop did
             self._serving_loop = loop
-            self._serving = loop.call_soon(self._serve)
+            loop.call_soon(self._serve)
 
     async def send_all(self, records: Sequence[Produced], *, ends: Ends = None) -> list[Failed]:
         """Produce every record; return the ones Kafka refused, once all answered (``ends``: see
         ``Ends``)."""
         if not records:
             return []
-        acks = _BatchAcks(asyncio.get_running_loop(), len(records), ends)
+        loop = asyncio.get_running_loop()
+        acks = _BatchAcks(loop, len(records), ends)
         produce = self._producer.produce
-        self._wait_begins(len(records))
+        self._wait_begins(loop, len(records))
         try:
             for record in records:  # a plain loop: no coroutine per record
                 while True:
