@@ -253,6 +253,10 @@ class Settings(BaseSettings):
     #: The HTTP client of webhook requests: ``aiohttp``, or ``reqwest`` (pyreqwest) for every
     #: destination without TLS settings or a proxy of its own (``pipeline.http.reqwest_post``).
     http_client: Literal["aiohttp", "reqwest"] = "reqwest"
+    #: Threads of the ``reqwest`` client's runtime. An answer waits on its thread for the GIL
+    #: while the event loop runs; on one thread every other socket waits with it (1: pyreqwest's
+    #: own single-threaded runtime).
+    http_threads: Annotated[int, BeforeValidator(_whole), Field(ge=1, le=64)] = 4
     # ---- Observability ----
     #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
     metrics_max_destinations: AtLeastOne = 1000

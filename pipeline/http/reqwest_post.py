@@ -9,11 +9,18 @@ the first allowed address only, for ``PIN_SECONDS``; the name still goes in SNI 
 An IP literal was judged when its URL was first seen (``WebhookSender._target``). Redirects are
 not followed, nothing is decompressed, no cookie is kept, and at most ``max_bytes`` of an
 answer are read.
+
+The clients run on tokio's multi-threaded runtime (``threads`` worker threads, one runtime a
+process) unless ``threads`` is 1. Each answer is handed to the event loop under the GIL, so the
+runtime thread that has it waits while the loop runs Python; on pyreqwest's single-threaded
+runtime every other socket waited with it, and a busy worker's requests to a 100 ms receiver
+took twice that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from datetime import timedelta
@@ -27,12 +34,15 @@ from pyreqwest.exceptions import (
     PyreqwestError,
     RequestTimeoutError,
 )
+from pyreqwest.runtime import runtime_worker_threads
 
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
 from pipeline.http.sender import answered, unanswered
 
 __all__ = ["PIN_SECONDS", "ReqwestPoster"]
+
+log = logging.getLogger(__name__)
 
 #: How long a host name stays pinned to the address it resolved to (aiohttp's DNS cache in the
 #: sender lasts as long).
@@ -59,16 +69,20 @@ class ReqwestPoster:
         timeout: float,
         *,
         max_bytes: int,
+        threads: int = 1,
     ) -> None:
         self._resolver = resolver
         self._timeout = timeout
         self._max_bytes = max_bytes
+        self._threads = threads
         self._literal: Client | None = None  # for URLs whose host is an IP address
         self._pins: dict[str, _Pin] = {}
         self._pinning: dict[str, asyncio.Task[Client]] = {}
         self._retired: set[asyncio.Task[None]] = set()
 
     async def start(self) -> ReqwestPoster:
+        if self._threads > 1:
+            _runtime_threads(self._threads)
         self._literal = await self._client()
         return self
 
@@ -83,6 +97,7 @@ class ReqwestPoster:
             .brotli(False)
             .zstd(False)
             .deflate(False)
+            .runtime_multithreaded(self._threads > 1)
         )
         if host:
             builder = builder.resolve(host, address, port)
@@ -161,6 +176,17 @@ class ReqwestPoster:
         self._literal = None
         for client in clients:
             await client.close()
+
+
+def _runtime_threads(threads: int) -> None:
+    """Ask for ``threads`` worker threads of the process's multi-threaded runtime; once it runs
+    it keeps its own (a second sender in the process, asking for another count, is told so)."""
+    try:
+        runtime_worker_threads(threads)
+    except RuntimeError:
+        log.warning(
+            "the HTTP client's runtime is running already: it keeps its threads, not %d", threads
+        )
 
 
 def _cause(exc: PyreqwestError) -> str:

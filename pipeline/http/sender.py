@@ -170,7 +170,10 @@ class WebhookSender:
             from pipeline.http.reqwest_post import ReqwestPoster
 
             self._reqwest = await ReqwestPoster(
-                self._resolver, self._settings.delivery_timeout, max_bytes=_MAX_RESPONSE_BYTES
+                self._resolver,
+                self._settings.delivery_timeout,
+                max_bytes=_MAX_RESPONSE_BYTES,
+                threads=self._settings.http_threads,
             ).start()
         self._awake.start()
         return self

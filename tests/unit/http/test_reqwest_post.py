@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +204,64 @@ def test_a_host_is_pinned_once_and_keeps_its_client_while_its_address_holds(
         assert built == ["localhost"] and len(seen) == 21
 
     with_server(test)
+
+
+#: Started in a fresh process (the runtime is one a process): senders with each given
+#: ``PIPELINE_HTTP_THREADS`` in turn, 20 requests each to a server on 127.0.0.1; prints the
+#: answers that were 200 and the runtime's worker threads.
+_RUNTIME_SCRIPT = """
+import asyncio, os, sys
+from aiohttp import web
+from pipeline.core.config import Destination
+from pipeline.core.settings import Settings
+from tests.unit.http._receiving import sender_and_server
+
+async def handle(request):
+    await request.read()
+    return web.Response(text="ok")
+
+async def main():
+    ok = 0
+    for threads in sys.argv[1:]:
+        settings = Settings(
+            http_client="reqwest", allowed_networks=("127.0.0.0/8",), http_threads=int(threads)
+        )
+        async with sender_and_server(handle, settings) as (sender, port):
+            hooks = Destination(
+                id="d", sources=["web"], webhooks=[{"url": f"http://127.0.0.1:{port}/h"}]
+            )
+            for results in await asyncio.gather(*(sender.attempt(hooks, b"{}") for _ in range(20))):
+                ok += results[0].status == 200
+    tasks = os.listdir("/proc/self/task")
+    names = [open(f"/proc/self/task/{task}/comm").read() for task in tasks]
+    print(ok, sum(name.startswith("pyreqwest-work") for name in names))
+
+asyncio.run(main())
+"""
+
+
+def _runtime_run(*threads: int) -> tuple[list[int], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNTIME_SCRIPT, *map(str, threads)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[3],
+    )
+    assert done.returncode == 0, done.stderr
+    return [int(word) for word in done.stdout.split()], done.stderr
+
+
+def test_requests_run_on_a_runtime_of_the_threads_asked_for() -> None:
+    """``PIPELINE_HTTP_THREADS=3``: every request answered, on tokio's multi-threaded runtime
+    with 3 worker threads; 1: on pyreqwest's single-threaded runtime (no worker threads)."""
+    assert _runtime_run(3)[0] == [20, 3]
+    assert _runtime_run(1)[0] == [20, 0]
+
+
+def test_a_second_sender_asking_for_other_threads_is_told_the_runtime_keeps_its_own() -> None:
+    """The runtime started with 2 threads keeps them; a sender asking for 3 later still sends,
+    and the log says so."""
+    (answered_ok, workers), stderr = _runtime_run(2, 3)
+    assert (answered_ok, workers) == (40, 2)
+    assert "keeps its threads, not 3" in stderr
