@@ -14,7 +14,9 @@ Why it is shaped like this:
 - ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
   the loop then only keeps count of what is in flight.
 - Back-pressure: the loop never holds more than ``max_in_flight`` records unfinished (a batch takes
-  at most the room left); once full, it takes more when a tenth of the limit is free again.
+  at most the room left); once full, it takes more when a tenth of the limit is free again. A
+  batch is what the client has fetched when the loop asks, or the first record to come: it never
+  waits to fill up while records wait.
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
   starts from that position (duplicates possible, loss not).
@@ -46,6 +48,10 @@ __all__ = ["ConsumerLoop", "Handler", "ConsumedRecord", "Progress"]
 log = logging.getLogger("pipeline.consumer")
 
 TP = tuple[str, int]
+
+#: How long one consume waits for a first record (seconds); once one is there it returns with
+#: every record already fetched, up to the room left.
+CONSUME_WAIT = 0.1
 
 
 class _Partition:
@@ -244,7 +250,7 @@ class ConsumerLoop:
                 else:
                     # Never more than the room left: the limit bounds what a crash repeats.
                     room = min(self._batch_size, self._max_in_flight - self._in_flight)
-                    messages = await self._on_consumer(self._consumer.consume, room, 0.1)
+                    messages = await self._on_consumer(self._consume, room)
                     batch = self._take(messages)
                     if batch:
                         await self.handler.handle(batch, self)
@@ -253,6 +259,18 @@ class ConsumerLoop:
                     next_commit.renew(self._commit_interval)
         finally:
             await self._shutdown()
+
+    def _consume(self, room: int) -> list[Message]:
+        """Up to ``room`` records, on the consumer's thread, as soon as there is one: what the
+        client has fetched goes to work at once (a consume of ``room`` waits until that many
+        came or ``CONSUME_WAIT`` passed, while the loop has room and records wait)."""
+        consume = self._consumer.consume
+        messages = consume(room, 0)
+        if not messages:
+            messages = consume(1, CONSUME_WAIT)
+            if messages and room > 1:
+                messages += consume(room - 1, 0)
+        return messages
 
     def _take(self, messages: list[Message]) -> list[ConsumedRecord]:
         batch: list[ConsumedRecord] = []

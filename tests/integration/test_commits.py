@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from pipeline.kafka import consumer_loop
 from pipeline.kafka.clients import make_producer, topics_for
 from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
 from tests.support import (
@@ -21,6 +22,33 @@ from tests.support import (
 )
 
 CALLS = 60
+
+
+class Holding:
+    """A handler that keeps what it is given (finishing nothing), and when each record came."""
+
+    role = "deliver"
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.taken: list[ConsumedRecord] = []
+        self.arrived: list[float] = []
+
+    def topics(self) -> list[str]:
+        return [self.topic]
+
+    async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
+        self.taken.extend(batch)
+        self.arrived.extend(time.monotonic() for _ in batch)
+
+    def assigned(self, keys: object) -> None:
+        return None
+
+    def released(self, keys: object) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
 
 
 def deliver_all(settings, receiver_factory, worker_factory):
@@ -68,29 +96,8 @@ def test_the_loop_never_holds_more_than_max_in_flight(settings):
         producer.produce(topics.deliveries, b"x", f"k{i}".encode())
     producer.flush(10)
 
-    class Holding:
-        role = "deliver"
-
-        def __init__(self) -> None:
-            self.taken: list[ConsumedRecord] = []
-
-        def topics(self) -> list[str]:
-            return [topics.deliveries]
-
-        async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
-            self.taken.extend(batch)
-
-        def assigned(self, keys: object) -> None:
-            return None
-
-        def released(self, keys: object) -> None:
-            return None
-
-        async def aclose(self) -> None:
-            return None
-
     async def main() -> tuple[int, int]:
-        handler = Holding()
+        handler = Holding(topics.deliveries)
         loop = ConsumerLoop(settings, f"{settings.topic_prefix}holding", handler, max_in_flight=7)
         stop = asyncio.Event()
         running = asyncio.create_task(loop.run(stop))
@@ -112,3 +119,43 @@ def test_the_loop_never_holds_more_than_max_in_flight(settings):
         return held, after
 
     assert asyncio.run(main()) == (7, 10)
+
+
+def test_a_record_goes_to_work_as_soon_as_it_is_fetched(settings, monkeypatch):
+    """A consume of a batch waits until the batch is full or its wait is over, and a lone record
+    waited with it (at each hop of a quiet pipeline). With a wait of 10 s, a record produced
+    while the loop waits reaches the handler long before the wait is over."""
+    monkeypatch.setattr(consumer_loop, "CONSUME_WAIT", 10.0)
+    topics = topics_for(settings)
+    producer = make_producer(settings)
+
+    def produce(key: bytes) -> float:
+        producer.produce(topics.deliveries, b"x", key)
+        producer.flush(10)
+        return time.monotonic()
+
+    produce(b"first")
+
+    async def main() -> float:
+        handler = Holding(topics.deliveries)
+        loop = ConsumerLoop(settings, f"{settings.topic_prefix}quiet", handler)
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        deadline = time.monotonic() + 30
+        while not handler.taken and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the loop waits in a consume now
+        sent = await asyncio.to_thread(produce, b"second")
+        while len(handler.taken) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        waited = handler.arrived[-1] - sent
+        stop.set()
+        await asyncio.to_thread(produce, b"third")  # ends the consume under way
+        for taken in handler.taken:
+            loop.finish(taken)
+        await running
+        return waited
+
+    waited = asyncio.run(main())
+    print(f"a lone record reached the handler {waited * 1000:.0f} ms after Kafka had it")
+    assert waited < 5.0
