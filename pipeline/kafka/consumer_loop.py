@@ -15,8 +15,9 @@ Why it is shaped like this:
   the loop then only keeps count of what is in flight.
 - Back-pressure: the loop never holds more than ``max_in_flight`` records unfinished (a batch takes
   at most the room left); once full, it takes more when a tenth of the limit is free again. A
-  batch is what the client has fetched when the loop asks, or the first record to come: it never
-  waits to fill up while records wait.
+  batch is what the client has fetched when the loop asks, or the first record to come: it does
+  not wait to fill up while records wait, unless its handler pays for each batch (``gather``:
+  a transaction, a database commit).
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
   starts from that position (duplicates possible, loss not).
@@ -43,15 +44,18 @@ from pipeline.core.settings import Settings
 from pipeline.kafka.clients import consumer_config
 from pipeline.runtime import metrics
 
-__all__ = ["ConsumerLoop", "Handler", "ConsumedRecord", "Progress"]
+__all__ = ["ConsumerLoop", "Handler", "ConsumedRecord", "Progress", "GATHER"]
 
 log = logging.getLogger("pipeline.consumer")
 
 TP = tuple[str, int]
 
 #: How long one consume waits for a first record (seconds); once one is there it returns with
-#: every record already fetched, up to the room left.
+#: every record already fetched, up to the room left (or waits ``gather`` for more).
 CONSUME_WAIT = 0.1
+#: The ``gather`` of a handler whose batches cost more than their records: a Kafka transaction
+#: each, or a database commit (the router with transactions, the log store).
+GATHER = 0.1
 
 
 class _Partition:
@@ -154,6 +158,7 @@ class ConsumerLoop:
         batch_size: int = 500,
         commit_interval: float | None = None,
         commits: bool = True,
+        gather: float = 0.0,
         revoke_grace: float | None = None,
         consumer_overrides: dict[str, Any] | None = None,
     ) -> None:
@@ -167,6 +172,7 @@ class ConsumerLoop:
         self._refill_at = self._max_in_flight - min(batch_size, max(1, self._max_in_flight // 10))
         self._commit_interval = commit_interval or settings.commit_interval
         self._commits = commits
+        self._gather = gather
         self._revoke_grace = (
             revoke_grace if revoke_grace is not None else settings.delivery_timeout + 2.0
         )
@@ -263,13 +269,16 @@ class ConsumerLoop:
     def _consume(self, room: int) -> list[Message]:
         """Up to ``room`` records, on the consumer's thread, as soon as there is one: what the
         client has fetched goes to work at once (a consume of ``room`` waits until that many
-        came or ``CONSUME_WAIT`` passed, while the loop has room and records wait)."""
+        came or its timeout passed, while the loop has room and records wait), unless the loop
+        was told to ``gather`` more for that long."""
         consume = self._consumer.consume
         messages = consume(room, 0)
         if not messages:
             messages = consume(1, CONSUME_WAIT)
-            if messages and room > 1:
-                messages += consume(room - 1, 0)
+            if not messages:
+                return messages
+        if len(messages) < room:
+            messages += consume(room - len(messages), self._gather)
         return messages
 
     def _take(self, messages: list[Message]) -> list[ConsumedRecord]:

@@ -32,7 +32,7 @@ from pipeline.core.log_entries import LogRecord, log_record_from_avro
 from pipeline.core.settings import Settings, default_log_store_url
 from pipeline.core.topics import Topics
 from pipeline.kafka.codec import RecordCodec
-from pipeline.kafka.consumer_loop import ConsumedRecord, ConsumerLoop
+from pipeline.kafka.consumer_loop import GATHER, ConsumedRecord, ConsumerLoop
 from pipeline.kafka.log_reading import decode_log_records, read_log_batch
 from pipeline.runtime import metrics
 from pipeline.store import LogStore, StoreUnavailable, masked_url, open_store
@@ -226,6 +226,7 @@ async def run_log_store(
             log_store_group(settings, store),
             handler,
             max_in_flight=MAX_IN_FLIGHT,
+            gather=GATHER,
             **loop_options,
         )
         log.info("log-store: writing %s to %s", topics.log, masked_url(url))

@@ -17,7 +17,7 @@ from pipeline.http.sender import WebhookSender
 from pipeline.kafka.clients import topics_for
 from pipeline.kafka.cluster import fit_to_cluster, reach
 from pipeline.kafka.config_store import ConfigFollower
-from pipeline.kafka.consumer_loop import ConsumerLoop
+from pipeline.kafka.consumer_loop import GATHER, ConsumerLoop
 from pipeline.kafka.deletions import DeletionFollower
 from pipeline.kafka.events import EventEmitter
 from pipeline.kafka.partition_state import PartitionState, check_changelog, check_topic
@@ -176,6 +176,7 @@ async def run_roles(
                     group_id(settings, "router"),
                     handler,
                     commits=not handler.transactional,
+                    gather=GATHER if handler.transactional else 0.0,
                 )
             )
         for role, delivery in deliverers.items():

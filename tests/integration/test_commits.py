@@ -33,6 +33,7 @@ class Holding:
         self.topic = topic
         self.taken: list[ConsumedRecord] = []
         self.arrived: list[float] = []
+        self.batches: list[list[bytes | None]] = []
 
     def topics(self) -> list[str]:
         return [self.topic]
@@ -40,6 +41,7 @@ class Holding:
     async def handle(self, batch: list[ConsumedRecord], loop: ConsumerLoop) -> None:
         self.taken.extend(batch)
         self.arrived.extend(time.monotonic() for _ in batch)
+        self.batches.append([taken.message.key() for taken in batch])
 
     def assigned(self, keys: object) -> None:
         return None
@@ -159,3 +161,37 @@ def test_a_record_goes_to_work_as_soon_as_it_is_fetched(settings, monkeypatch):
     waited = asyncio.run(main())
     print(f"a lone record reached the handler {waited * 1000:.0f} ms after Kafka had it")
     assert waited < 5.0
+
+
+def test_a_loop_told_to_gather_waits_that_long_for_a_fuller_batch(settings):
+    """A handler that pays for each batch (the router's transaction, the log store's commit)
+    gets what comes within ``gather`` of the first record in one batch."""
+    topics = topics_for(settings)
+    producer = make_producer(settings)
+
+    def produce(key: bytes) -> None:
+        producer.produce(topics.deliveries, b"x", key)
+        producer.flush(10)
+
+    produce(b"first")
+
+    async def main() -> list[list[bytes | None]]:
+        handler = Holding(topics.deliveries)
+        loop = ConsumerLoop(settings, f"{settings.topic_prefix}gathering", handler, gather=3.0)
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        deadline = time.monotonic() + 30
+        while not handler.taken and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(produce, b"second")
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(produce, b"third")
+        while len(handler.taken) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stop.set()
+        for taken in handler.taken:
+            loop.finish(taken)
+        await running
+        return handler.batches
+
+    assert asyncio.run(main())[-1] == [b"second", b"third"]
