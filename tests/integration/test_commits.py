@@ -150,7 +150,8 @@ def test_a_record_goes_to_work_as_soon_as_it_is_fetched(settings, monkeypatch):
         sent = await asyncio.to_thread(produce, b"second")
         while len(handler.taken) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        waited = handler.arrived[-1] - sent
+        assert [taken.message.key() for taken in handler.taken] == [b"first", b"second"]
+        waited = handler.arrived[1] - sent
         stop.set()
         await asyncio.to_thread(produce, b"third")  # ends the consume under way
         for taken in handler.taken:
