@@ -297,8 +297,10 @@ def test_live_traffic_is_not_starved_during_a_replay(
     # Starved, live calls would wait behind the replayed backlog: seconds, not a few percent.
     # The figure (within 20 %) is measured where timings belong, `python -m
     # bench.replay` (1.10x at the default rate); under the whole suite on two cores this
-    # measurement swings more than that (0.35 s against 0.43 s in one clean run).
-    assert during <= max(without * 1.5, without + 0.05), (without, during)
+    # measurement swings more than that: the replay's own work on the two cores added 80-90 ms
+    # in clean runs (0.35 s against 0.43 s while each consume waited for a full batch; 0.14 s
+    # against 0.22 s since it takes what was fetched).
+    assert during <= max(without * 1.5, without + 0.25), (without, during)
 
 
 def test_topics_create_applies_the_replay_window_to_an_existing_calls_topic(
