@@ -17,7 +17,7 @@ Why it is shaped like this:
   at most the room left); once full, it takes more when a tenth of the limit is free again. A
   batch is what the client has fetched when the loop asks, or the first record to come: it does
   not wait to fill up while records wait, unless its handler pays for each batch (``gather``:
-  a transaction, a database commit).
+  a transaction, a database commit), whose consume waits for a full batch a while.
 - On revocation, the records in flight for the revoked partitions get ``revoke_grace`` seconds to
   finish; then their contiguous position is committed and the rest abandoned to the new owner, who
   starts from that position (duplicates possible, loss not).
@@ -50,11 +50,11 @@ log = logging.getLogger("pipeline.consumer")
 
 TP = tuple[str, int]
 
-#: How long one consume waits for a first record (seconds); once one is there it returns with
-#: every record already fetched, up to the room left (or waits ``gather`` for more).
+#: How long one consume waits for a first record when none has been fetched (seconds).
 CONSUME_WAIT = 0.1
 #: The ``gather`` of a handler whose batches cost more than their records: a Kafka transaction
-#: each, or a database commit (the router with transactions, the log store).
+#: each, or a database commit (the router with transactions, the log store): its consume waits
+#: this long for a full batch.
 GATHER = 0.1
 
 
@@ -267,19 +267,17 @@ class ConsumerLoop:
             await self._shutdown()
 
     def _consume(self, room: int) -> list[Message]:
-        """Up to ``room`` records, on the consumer's thread, as soon as there is one: what the
-        client has fetched goes to work at once (a consume of ``room`` waits until that many
-        came or its timeout passed, while the loop has room and records wait), unless the loop
-        was told to ``gather`` more for that long."""
+        """Up to ``room`` records, on the consumer's thread: what the client has fetched, or the
+        first record to come (a consume of ``room`` waits until that many came or its timeout
+        passed, while the loop has room and records wait). A loop told to ``gather`` waits that
+        long for a full batch, as a consume does.
+
+        One consume a call that returns records: a rebalance callback runs inside a consume,
+        and records taken by an earlier one, not yet tracked, would escape the revocation."""
         consume = self._consumer.consume
-        messages = consume(room, 0)
-        if not messages:
-            messages = consume(1, CONSUME_WAIT)
-            if not messages:
-                return messages
-        if len(messages) < room:
-            messages += consume(room - len(messages), self._gather)
-        return messages
+        if self._gather:
+            return consume(room, self._gather)
+        return consume(room, 0) or consume(1, CONSUME_WAIT)
 
     def _take(self, messages: list[Message]) -> list[ConsumedRecord]:
         batch: list[ConsumedRecord] = []

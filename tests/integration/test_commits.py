@@ -166,7 +166,7 @@ def test_a_record_goes_to_work_as_soon_as_it_is_fetched(settings, monkeypatch):
 
 def test_a_loop_told_to_gather_waits_that_long_for_a_fuller_batch(settings):
     """A handler that pays for each batch (the router's transaction, the log store's commit)
-    gets what comes within ``gather`` of the first record in one batch."""
+    gets what comes within ``gather`` in one batch."""
     topics = topics_for(settings)
     producer = make_producer(settings)
 
