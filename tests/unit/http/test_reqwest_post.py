@@ -11,7 +11,6 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from pipeline.core.settings import Settings
 from pipeline.http import reqwest_post
 from pipeline.http.sender import WebhookSender
 from pipeline.runtime.net import free_port
+from tests.support import ROOT
 from tests.unit.http._receiving import sender_and_server
 
 LOOPBACK = Settings(http_client="reqwest", allowed_networks=("127.0.0.0/8",), delivery_timeout=1.0)
@@ -246,7 +246,7 @@ def _runtime_run(*threads: int) -> tuple[list[int], str]:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).parents[3],
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     return [int(word) for word in done.stdout.split()], done.stderr
