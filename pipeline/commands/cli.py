@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in TRACED:
             from pipeline.runtime import tracing
 
-            tracing.configure(args.command)
+            tracing.configure(args.command, pass_through=settings.trace_pass_through)
         code: int = args.run(args, settings)
         return code
     except SettingsError as exc:

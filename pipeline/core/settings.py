@@ -267,6 +267,9 @@ class Settings(BaseSettings):
     #: Where a trace is seen, ``{trace_id}`` standing for its id (Jaeger:
     #: ``http://localhost:16686/trace/{trace_id}``): ``pipeline trace`` and the console link it.
     trace_url_template: Annotated[str | None, BeforeValidator(_trace_url)] = None
+    #: With tracing off, still pass a call's trace context on to its receivers, as it came (a
+    #: header on each of its records and requests: it costs a worker some CPU a call).
+    trace_pass_through: bool = False
     #: Where ``pipeline log-store`` keeps the log: ``sqlite:///PATH`` (the embedded default,
     #: ``default_log_store_url``) or ``postgresql://...``.
     log_store_url: str = ""

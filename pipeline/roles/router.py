@@ -466,9 +466,10 @@ def _came(taken: ConsumedRecord) -> TraceHeaders:
 
 def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:
     """The trace context of the delivery records ``decision`` makes: its routing span's, when it
-    makes one (ended at once), else the call's as it came (``trace``; empty: none)."""
+    makes one (ended at once), else the call's as it came (``trace``; empty: none) if it is
+    ``passed_on``."""
     if not trace or not tracing.recording(trace):
-        return trace  # (its span's attributes are not even made)
+        return tracing.passed_on(trace)  # (its span's attributes are not even made)
     call = decision.call
     assert call is not None
     attributes: dict[str, Any] = {

@@ -345,3 +345,37 @@ def test_calls_made_inside_an_applications_span_are_its_children_over_http_and_k
         )
         (step,) = named(collector.of_trace(trace_id), batch.name.replace("send", "sent in"))
         assert step.links == [(batch.trace_id, batch.span_id)]
+
+
+@pytest.mark.parametrize("pass_through", [False, True], ids=["off", "passed-through"])
+def test_with_tracing_off_a_senders_context_reaches_the_receiver_only_when_passed_through(
+    settings: Settings,
+    receiver_factory: Callable[..., Receiver],
+    process_factory: Callable[..., subprocess.Popen[bytes]],
+    pass_through: bool,
+) -> None:
+    """No ``OTEL_*`` exporter: the pipeline passes no context on (tracing off costs nothing),
+    unless ``PIPELINE_TRACE_PASS_THROUGH`` says to; then the receiver gets the sender's as it
+    came."""
+    receiver = receiver_factory()
+    apply(settings, simple_config(receiver.url))
+    env = {"PIPELINE_TRACE_PASS_THROUGH": "on"} if pass_through else {}
+    port = free_port()
+    process_factory(settings, "ingest", "--port", str(port), env=env)
+    started(process_factory, settings, "worker", env)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_ready(url)
+    traceparent = f"00-{TRACE_ID}-{SENDER_SPAN}-01"
+    answer = httpx.post(
+        f"{url}/v1/track",
+        json={"userId": "u1", "event": "Signed Up", "messageId": "m-off"},
+        auth=("wk", ""),
+        headers={"traceparent": traceparent, "tracestate": "vendor=1"},
+    )
+    assert answer.status_code == 200
+    (got,) = wait_for(receiver.delivered, timeout=60) and receiver.requests
+    if pass_through:
+        assert got.headers["traceparent"] == traceparent
+        assert got.headers["tracestate"] == "vendor=1"
+    else:
+        assert "traceparent" not in got.headers and "tracestate" not in got.headers

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
 from pipeline.kafka.transactions import Fenced, TransactionFailed
 from pipeline.roles.dedupe import Dedupe
 from pipeline.roles.router import RouterHandler
-from pipeline.runtime import metrics
+from pipeline.runtime import metrics, tracing
 from tests.unit.roles._fakes import FakeFollower, FakeLoop, FakeProducer, RegistryDown, taken
 
 TOPICS = Topics("t.", retry_tiers=2)
@@ -448,20 +449,49 @@ def test_without_dedupe_a_resend_is_routed_again() -> None:
     assert len([r for r in producer.sent if r[0] == TOPICS.deliveries]) == 4
 
 
-def test_a_calls_trace_context_goes_on_its_delivery_records_and_a_malformed_one_does_not() -> None:
-    """Tracing off: a valid ``traceparent`` is copied onto the call's delivery records as it
-    came; one that is not W3C (a record anyone may produce) is dropped, the call routed as any."""
-    good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def traced_calls() -> tuple[list[bytes], list[list[tuple[str, bytes]] | None]]:
+    """Two calls, the first with a valid ``traceparent``, the second with one that is not W3C
+    (a record anyone may produce)."""
     calls = [
         call_value({"type": "track", "event": "Order", "userId": "u1", "messageId": "m1"}),
         call_value({"type": "track", "event": "Order", "userId": "u2", "messageId": "m2"}),
     ]
-    headers = [[("traceparent", good)], [("traceparent", good[:-2] + b"0\n")]]
+    return calls, [[("traceparent", GOOD_TRACEPARENT)], [("traceparent", b"00-4bf9\n")]]
+
+
+@pytest.fixture
+def pass_through() -> Iterator[None]:
+    """Tracing off, contexts passed on (``PIPELINE_TRACE_PASS_THROUGH``)."""
+    tracing.configure("test", {}, pass_through=True)
+    yield
+    tracing.configure("test", {})
+
+
+def test_tracing_off_a_calls_context_names_its_trace_in_the_log_and_goes_no_further() -> None:
+    calls, headers = traced_calls()
+    _, _, producer, _ = run(calls, headers=headers, log=True)
+    deliveries = [r for r in producer.sent if r[0] == TOPICS.deliveries]
+    assert len(deliveries) == 4 and all(len(r) == 3 for r in deliveries)  # no headers
+    ((_, _, value),) = [r for r in producer.sent if r[0] == TOPICS.log]
+    received = [record["entries"][0] for record in decode_log_records(CODEC, value)]
+    assert [e["traceId"] for e in received] == ["4bf92f3577b34da6a3ce929d0e0e4736", ""]
+
+
+@pytest.mark.usefixtures("pass_through")
+def test_passed_through_a_calls_context_goes_on_its_delivery_records_and_a_malformed_one_does_not() -> (
+    None
+):
+    """Tracing off with ``trace_pass_through``: a valid ``traceparent`` is copied onto the call's
+    delivery records as it came; one that is not W3C is dropped, the call routed as any."""
+    calls, headers = traced_calls()
     _, _, producer, _ = run(calls, headers=headers)
     traced = [r for r in producer.sent if r[0] == TOPICS.deliveries]
     assert [r[3] if len(r) > 3 else None for r in traced] == [
-        [("traceparent", good)],
-        [("traceparent", good)],
+        [("traceparent", GOOD_TRACEPARENT)],
+        [("traceparent", GOOD_TRACEPARENT)],
         None,
         None,
     ]
