@@ -295,12 +295,16 @@ def alternated(
     modes: Sequence[str],
     measure: Callable[[str], tuple[float, float]],
     log: Callable[[str], None],
+    before_run: Callable[[], None] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """``measure(mode)`` (a rate, the worker's CPU seconds per 1,000 calls) for every mode in
     each of ``runs`` runs, in the reverse order every other run (so that no mode always runs on
-    the warmer machine), each run logged: (rates, CPU) by mode, a figure a run."""
+    the warmer machine), each run logged: (rates, CPU) by mode, a figure a run. ``before_run``
+    is called before each run."""
     figures: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     for run in range(runs):
+        if before_run is not None:
+            before_run()
         for mode in modes if run % 2 == 0 else tuple(reversed(modes)):
             figures[mode].append(measure(mode))
         log(

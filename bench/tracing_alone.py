@@ -7,8 +7,8 @@ caches hot: inside a busy worker the same code takes about three times as long (
 figures rank the situations rather than predict a worker's rate. The situations rotate within
 each pass, so the machine's drift reaches them all alike. Each situation runs what a worker runs
 for a call: the router's part (the call's trace headers, cleaned, its trace id for the log, its
-routing step) and the deliver role's (the record's trace headers, the request's span or its
-context passed on, around a request that costs nothing). At 100 % each call's two spans are made,
+routing step, what it passes on) and the deliver role's (the record's trace headers, the
+request's span or its context passed on, around a request that costs nothing). At 100 % each call's two spans are made,
 encoded and queued; the exporter's request (about 1.5 ms of CPU per 2,048 spans, on its own
 thread) is not counted.
 """
@@ -72,6 +72,8 @@ async def _per_call(messages: list[_Message], passes: int) -> float:
             _ = tracing.cleaned_trace_id(trace)
             if trace and tracing.recording(trace):
                 trace = tracing.step(trace, "route track", ROUTED)
+            else:
+                trace = tracing.passed_on(trace)  # what its delivery records carry
             sent = tracing.trace_headers(trace)  # the deliver role: the record's headers
             if sent and tracing.recording(sent):  # as ``WebhookSender.attempt`` decides
                 await traced_post(_post, URL, headers, sent, 0, {"pipeline.destination": "d1"})
