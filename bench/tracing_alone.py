@@ -8,9 +8,9 @@ figures rank the situations rather than predict a worker's rate. The situations 
 each pass, so the machine's drift reaches them all alike. Each situation runs what a worker runs
 for a call: the router's part (the call's trace headers, cleaned, its trace id for the log, its
 routing step, what it passes on) and the deliver role's (the record's trace headers, the
-request's span or its context passed on, around a request that costs nothing). At 100 % each call's two spans are made,
-encoded and queued; the exporter's request (about 1.5 ms of CPU per 2,048 spans, on its own
-thread) is not counted.
+request's span or its context passed on, around a request that costs nothing). At 100 % each
+call's two spans are made, encoded and queued; the exporter's request (about 1.5 ms of CPU per
+2,048 spans, on its own thread) is not counted.
 """
 
 from __future__ import annotations
