@@ -3,9 +3,13 @@
 Two ``pipeline worker``s (no log store), one with tracing off and one with it on, the same
 receiver, and a second receiver process standing in for an OTLP/HTTP collector (it answers every
 export 200). Every call of a run carries a W3C ``traceparent``, as from a sender that traces,
-except in the ``none`` mode:
+except in the ``bare`` and ``none`` modes:
 
-- ``none``: calls without a trace context, tracing off (the pipeline as before tracing);
+- ``bare``: calls with no header at all, tracing off (a reference: what a header costs the
+  producer, the broker and the worker's Kafka client);
+- ``none``: the same calls and bytes as ``off``, each context under a header the pipeline does
+  not read (``x-traceparent``), tracing off: the pipeline as before tracing, given what a
+  tracing sender sends;
 - ``off``: calls with one (1 % of them sampled), tracing off: the context names the call's trace
   in the delivery log, no more;
 - ``1 %``: tracing on (``OTEL_EXPORTER_OTLP_ENDPOINT``, the default parent-based sampler), 1 %
@@ -17,8 +21,8 @@ With tracing off a context goes no further than the delivery log (``PIPELINE_TRA
 is off); at 1 % the unsampled 99 % pass on to the receivers, as a sampler that follows its parent
 must.
 
-First the tracing-off worker runs alone, ``none`` and ``off`` alternated: a deployment without
-tracing, given calls with contexts and without (one process against itself). Then the tracing-on
+First the tracing-off worker runs alone, ``bare``, ``none`` and ``off`` alternated: a deployment
+without tracing, given calls with contexts and without (one process against itself). Then the tracing-on
 worker starts beside it, and ``off``, ``1 %`` and ``100 %`` alternate (``100 %`` ÷ ``1 %`` is one
 process against itself). Two worker processes of the same code differ by several per cent on this
 machine, run after run, so both workers are started again before each of these runs: a ratio of
@@ -51,27 +55,35 @@ __all__ = ["section_tracing"]
 
 MODES = ("none", "off", "1 %", "100 %")
 #: The share of the calls' contexts that are sampled, per mode.
-SAMPLED = {"none": 0.0, "off": 0.01, "1 %": 0.01, "100 %": 1.0}
+SAMPLED = {"none": 0.01, "off": 0.01, "1 %": 0.01, "100 %": 1.0}
+#: The header a call's context travels in, per mode (``none``: one the pipeline does not read).
+HEADER = {
+    "none": "x-traceparent",
+    "off": "traceparent",
+    "1 %": "traceparent",
+    "100 %": "traceparent",
+}
 #: (mode, what it is measured against, the issue's target; ``None``: a reference).
 AGAINST: tuple[tuple[str, str, float | None], ...] = (
+    ("none", "bare", None),
     ("off", "none", 0.98),
     ("1 %", "off", 0.95),
     ("100 %", "off", 0.85),
     ("100 %", "1 %", None),
 )
 #: The worker each mode runs on: tracing off, or on.
-WORKER = {"none": "off", "off": "off", "1 %": "on", "100 %": "on"}
+WORKER = {"bare": "off", "none": "off", "off": "off", "1 %": "on", "100 %": "on"}
 
 
 def _traced(
-    records: Iterable[tuple[bytes, bytes]], sampled: float, rng: random.Random
+    records: Iterable[tuple[bytes, bytes]], sampled: float, rng: random.Random, header: str
 ) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-    """Each call with a traceparent of its own, ``sampled`` of them sampled."""
+    """Each call with a traceparent of its own in ``header``, ``sampled`` of them sampled."""
     out = []
     for key, value in records:
         flags = "01" if rng.random() < sampled else "00"
         traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-{flags}"
-        out.append((key, value, [("traceparent", traceparent.encode())]))
+        out.append((key, value, [(header, traceparent.encode())]))
     return out
 
 
@@ -80,12 +92,14 @@ def _run(
     deployment: Deployment,
     worker: Worker,
     count: int,
-    sampled: float | None,
+    mode: str,
     rng: random.Random,
 ) -> tuple[float, float]:
     """(deliveries/s, worker CPU seconds per 1,000 calls) for one backlog."""
     plain = list(deployment.call_records("s", count))  # encoded before the clock starts
-    records: list[Any] = plain if sampled is None else _traced(plain, sampled, rng)
+    records: list[Any] = plain
+    if mode != "bare":
+        records = _traced(plain, SAMPLED[mode], rng, HEADER[mode])
     return backlog_run(receiver, deployment, worker, records, count)
 
 
@@ -126,16 +140,15 @@ def section_tracing(
         start("on")
 
     def measure(mode: str) -> tuple[float, float]:
-        sampled = None if mode == "none" else SAMPLED[mode]
         on = WORKER[mode]
-        return _run(receiver, deployments[on], workers[on], count, sampled, rng)
+        return _run(receiver, deployments[on], workers[on], count, mode, rng)
 
     try:
         start("off")  # first alone: a tracing-off worker, as a deployment without tracing runs
         # 9 runs: a run's ratio spreads ±10 % here (±30 µs of a worker's CPU a call, back to back),
         # and the targets are 2-15 % apart.
         runs = max(bench.runs, 9)
-        single = alternated("16", runs, ("none", "off"), measure, log)
+        single = alternated("16", runs, ("bare", "none", "off"), measure, log)
         paired = alternated("16", runs, ("off", "1 %", "100 %"), measure, log, before_run=restart)
         time.sleep(1)  # the last exports
         exports = collector.stats().get("answered", 0)
@@ -145,7 +158,7 @@ def section_tracing(
         receiver.stop()
         collector.stop()
     for mode, base, target in AGAINST:
-        rates, cpu = single if base == "none" else paired  # none runs only alone
+        rates, cpu = single if mode in single[0] else paired  # bare and none run only alone
         same = WORKER[mode] == WORKER[base]
         ratios = [a / b for a, b in zip(rates[mode], rates[base], strict=True)]
         bench.rows.append(
@@ -201,7 +214,7 @@ def section_tracing(
     bench.rows.append(
         row(
             "16",
-            "tracing: the workers' CPU seconds per 1,000 calls, none / off (alone), off / 1 % / "
+            "tracing: the workers' CPU seconds per 1,000 calls, bare / none / off (alone), off / 1 % / "
             f"100 % (two workers; {exports:,} exports to the collector in all)",
             " / ".join(f"{median(c):.3f}" for c in (*single[1].values(), *paired[1].values())),
             "",
