@@ -77,6 +77,14 @@ class _Sampled:
     trace_flags = _SAMPLED
 
 
+def new_span_id() -> bytes:
+    """A span id, in hex (never all zeros: that id is invalid)."""
+    span_id = random.getrandbits(64)
+    while not span_id:
+        span_id = random.getrandbits(64)
+    return b"%016x" % span_id
+
+
 class LeanSpan:
     """A sampled span whose parent came from a record's trace context (``trace_id`` and
     ``parent_id`` in hex, as it carries them). The caller sets it up and ends it as it would an
@@ -117,10 +125,7 @@ class LeanSpan:
         self.kind = kind
         self.trace_id = trace_id
         self.parent_id = parent_id
-        span_id = random.getrandbits(64)
-        while not span_id:  # an all-zero id is invalid
-            span_id = random.getrandbits(64)
-        self.span_id = b"%016x" % span_id
+        self.span_id = new_span_id()
         #: Its own context as a record or a request carries it on.
         self.traceparent = b"00-" + trace_id + b"-" + self.span_id + b"-01"
         self.trace_state = trace_state
@@ -167,6 +172,38 @@ class Sink:
 
     def ended(self, span: LeanSpan) -> None:
         self._processor.on_end(EncodedSpan(self._encoder.span(span)))
+
+    def step(
+        self,
+        name: str,
+        trace_id: bytes,
+        parent_id: bytes,
+        trace_state: str,
+        attributes: Mapping[str, Any],
+        events: Sequence[tuple[str, Mapping[str, Any]]],
+        links: list[tuple[bytes, bytes, str]],
+    ) -> bytes:
+        """A span that ends as it starts (a step of a call's journey), its ``events`` at that
+        moment, encoded to the span processor at once, with no ``LeanSpan`` made: what a
+        ``LeanSpan`` of the same content, ended at once, would send. Its ``traceparent``."""
+        span_id = new_span_id()
+        now = time.time_ns()
+        encoded = self._encoder.encode(
+            name,
+            SpanKind.INTERNAL,
+            trace_id,
+            span_id,
+            parent_id,
+            now,
+            now,
+            attributes,
+            trace_state,
+            [(event, now, event_attributes) for event, event_attributes in events],
+            links,
+            False,
+        )
+        self._processor.on_end(EncodedSpan(encoded))
+        return b"00-" + trace_id + b"-" + span_id + b"-01"
 
 
 class Limits:
@@ -230,6 +267,9 @@ _LINK_FLAGS = b"\x35" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
 #: Key-values and span names an encoder keeps encoded (most repeat: a destination, a URL, a call
 #: type, ``POST``).
 _CACHED = 4096
+#: Attributes whose values do not repeat: encoded each time, never kept (they would only push
+#: out the ones that do).
+_UNIQUE = frozenset({"pipeline.message_id"})
 
 
 class Encoder:
@@ -250,27 +290,57 @@ class Encoder:
     def span(self, span: LeanSpan) -> bytes:
         """An ended span's ``Span`` message, as a field of ``ScopeSpans``."""
         assert span.end_time is not None
+        return self.encode(
+            span.name,
+            span.kind,
+            span.trace_id,
+            span.span_id,
+            span.parent_id,
+            span.start_time,
+            span.end_time,
+            span.attributes,
+            span.trace_state,
+            span.events,
+            span.links,
+            span.error,
+        )
+
+    def encode(
+        self,
+        name: str,
+        kind: SpanKind,
+        trace_id: bytes,
+        span_id: bytes,
+        parent_id: bytes,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, Any],
+        trace_state: str,
+        events: list[tuple[str, int, Mapping[str, Any]]],
+        links: list[tuple[bytes, bytes, str]],
+        error: bool,
+    ) -> bytes:
+        """A span's ``Span`` message of these fields, as a field of ``ScopeSpans``."""
         limits = self.limits
-        known = self._known
         # trace_id (1), span_id (2) and parent_span_id (4): tags and lengths in hex, one unhex.
-        ids = _unhex(b"0a10" + span.trace_id + b"1208" + span.span_id + b"2208" + span.parent_id)
-        name = known.get((b"", span.name, SpanKind, span.kind))
-        if name is None:
-            name = _field(_F5, span.name.encode()) + _KINDS[span.kind]
-            self._keep((b"", span.name, SpanKind, span.kind), name)
+        ids = _unhex(b"0a10" + trace_id + b"1208" + span_id + b"2208" + parent_id)
+        named = self._known.get((b"", name, SpanKind, kind))
+        if named is None:
+            named = _field(_F5, name.encode()) + _KINDS[kind]
+            self._keep((b"", name, SpanKind, kind), named)
         body = (
             ids
-            + name
-            + _TIMES.pack(0x39, span.start_time, 0x41, span.end_time)
-            + self._attributes(_F9, b"\x50", span.attributes, limits.attributes, limits.length)
+            + named
+            + _TIMES.pack(0x39, start_time, 0x41, end_time)
+            + self._attributes(_F9, b"\x50", attributes, limits.attributes, limits.length)
         )
-        if span.trace_state:
-            body += _field(_F3, span.trace_state.encode())
-        if span.events:
-            body += self._events(span.events)
-        if span.links:
-            body += self._links(span.links)
-        return _field(_F2, body + (_ERROR_END if span.error else _END))
+        if trace_state:
+            body += _field(_F3, trace_state.encode())
+        if events:
+            body += self._events(events)
+        if links:
+            body += self._links(links)
+        return _field(_F2, body + (_ERROR_END if error else _END))
 
     def _events(self, events: list[tuple[str, int, Mapping[str, Any]]]) -> bytes:
         limits = self.limits
@@ -324,10 +394,13 @@ class Encoder:
         dropped = 0
         if limit is not None and len(attributes) > limit:
             items, dropped = _kept(list(items), limit)
+        cached: Any
         for key, value in items:
             kind = type(value)
-            if kind is list:  # a short list of strings (a call's destinations)
-                cached: Any = (tag, key, kind, tuple(value))
+            if key in _UNIQUE:
+                cached = None
+            elif kind is list:  # a short list of strings (a call's destinations)
+                cached = (tag, key, kind, tuple(value))
             elif kind is str or kind is int or kind is float or kind is bool:
                 cached = (tag, key, kind, value)
             else:

@@ -45,7 +45,6 @@ from pipeline.runtime.lean_spans import (
     Limits,
     Sink,
     make_exporter,
-    parse_traceparent,
 )
 
 __all__ = [
@@ -335,15 +334,28 @@ def _lean_span(
     ids, state, sampled = _ids_of(parent)
     if ids is None or not sampled:
         return None
+    trace_id, parent_id = ids
+    return LeanSpan(
+        _state.lean,
+        name,
+        trace_id,
+        parent_id,
+        state,
+        kind,
+        attributes,
+        start_time,
+        _linked(links) if links else [],
+    )
+
+
+def _linked(links: Sequence[TraceHeaders]) -> list[tuple[bytes, bytes, str]]:
+    """The (trace id, span id, trace state) of each of ``links`` that has a valid context."""
     linked = []
     for headers in links:
         found, link_state, _ = _ids_of(headers)
         if found is not None:
             linked.append((found[0], found[1], link_state))
-    trace_id, parent_id = ids
-    return LeanSpan(
-        _state.lean, name, trace_id, parent_id, state, kind, attributes, start_time, linked
-    )
+    return linked
 
 
 def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, bool]:
@@ -354,8 +366,11 @@ def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, boo
     sampled = False
     for header, value in headers:
         if header == TRACEPARENT:
-            ids = parse_traceparent(value)
-            sampled = _sampled(value)
+            if TRACEPARENT_FORM.fullmatch(value):  # (parse_traceparent's, by position)
+                ids = (value[3:35], value[36:52])
+            else:
+                ids = None
+            sampled = value[-2:] == b"01" or _sampled(value)
         elif header == TRACESTATE:
             state = value.decode("ascii", "replace")
     return ids, state, sampled
@@ -373,6 +388,17 @@ def step(
     span (ended at once, with ``events`` and ``links``), a child of ``trace``, when that is
     recorded here; the trace context the records it makes carry (``trace`` itself when no span
     is made, if it is ``passed_on``)."""
+    lean = _state.lean
+    if lean is not None and trace:  # no span object: encoded as it ends, at once
+        ids, state, sampled = _ids_of(trace)
+        if ids is None or not sampled:
+            return passed_on(trace)
+        parent = lean.step(
+            name, ids[0], ids[1], state, attributes, events, _linked(links) if links else []
+        )
+        if state:
+            return [(TRACEPARENT, parent), (TRACESTATE, state.encode())]
+        return [(TRACEPARENT, parent)]
     span = child_span(name, trace, attributes=attributes, links=links)
     if span is None:
         return passed_on(trace)

@@ -220,3 +220,47 @@ def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwis
 def test_a_record_whose_context_is_not_w3c_makes_no_lean_span(traceparent: bytes) -> None:
     tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert tracing.child_span("POST", [(tracing.TRACEPARENT, traceparent)]) is None
+    processor = Kept()
+    tracing._state.lean = Sink(processor, Encoder(RESOURCE, "pipeline", Limits()))
+    tracing.step([(tracing.TRACEPARENT, traceparent)], "route track", {"n": 1})
+    assert processor.spans == []
+
+
+def _step_attributes() -> dict[str, Any]:
+    return {"pipeline.message_id": "m-1", "pipeline.destinations": ["d1"], "n": 2}
+
+
+STEP_EVENTS = [("destination left out", {"reason": "disabled"})]
+
+
+def test_a_step_is_encoded_as_it_ends_as_the_sdks_step_of_the_same_content() -> None:
+    """A step (a span that ends as it starts: routing, a replay) is encoded without a span
+    object; it reaches a collector as the SDK's span of the same content, and the context it
+    returns is its own."""
+    processor = Kept()
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    tracing._state.lean = Sink(processor, encoder)
+    links = [[(tracing.TRACEPARENT, LINKED)]]
+    for _ in range(2):  # the second time from what the encoder keeps
+        processor.spans.clear()
+        context = tracing.step(
+            PARENT, "route track", _step_attributes(), events=STEP_EVENTS, links=links
+        )
+        request = encoder.request(processor.spans)
+        lean = _comparable(request)
+        span = ExportTraceServiceRequest.FromString(request).resource_spans[0]
+        span_id = span.scope_spans[0].spans[0].span_id.hex().encode()
+        assert (
+            dict(context)[tracing.TRACEPARENT] == b"00-" + SAMPLED[3:35] + b"-" + span_id + b"-01"
+        )
+        assert dict(context)[tracing.TRACESTATE] == b"v=1,w=2"
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource(RESOURCE))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing._state.tracer = provider.get_tracer("pipeline")
+    tracing._state.lean = None
+    tracing.step(PARENT, "route track", _step_attributes(), events=STEP_EVENTS, links=links)
+    (finished,) = exporter.get_finished_spans()
+    assert lean == _comparable(encode_spans([finished]).SerializeToString())
