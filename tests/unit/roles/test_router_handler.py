@@ -481,9 +481,7 @@ def test_tracing_off_a_calls_context_names_its_trace_in_the_log_and_goes_no_furt
 
 
 @pytest.mark.usefixtures("pass_through")
-def test_passed_through_a_calls_context_goes_on_its_delivery_records_and_a_malformed_one_does_not() -> (
-    None
-):
+def test_passed_through_a_valid_context_goes_on_its_delivery_records() -> None:
     """Tracing off with ``trace_pass_through``: a valid ``traceparent`` is copied onto the call's
     delivery records as it came; one that is not W3C is dropped, the call routed as any."""
     calls, headers = traced_calls()
