@@ -22,9 +22,9 @@ is off); at 1 % the unsampled 99 % pass on to the receivers, as a sampler that f
 must.
 
 First the tracing-off worker runs alone, ``bare``, ``none`` and ``off`` alternated: a deployment
-without tracing, given calls with contexts and without (one process against itself). Then the tracing-on
-worker starts beside it, and ``off``, ``1 %`` and ``100 %`` alternate (``100 %`` ÷ ``1 %`` is one
-process against itself). Two worker processes of the same code differ by several per cent on this
+without tracing, given calls with contexts and without (one process against itself). Then the
+tracing-on worker starts beside it, and ``off``, ``1 %`` and ``100 %`` alternate (``100 %`` ÷
+``1 %`` is one process against itself). Two worker processes of the same code differ by several per cent on this
 machine, run after run, so both workers are started again before each of these runs: a ratio of
 two processes is a new pair's each time, and its median is not one pair's bias.
 
@@ -124,11 +124,11 @@ def section_tracing(
 
     def start(tracing: str) -> None:
         name = f"tracing-{tracing}"
-        if tracing not in deployments:
-            deployment = deployments[tracing] = Deployment(bench.bootstrap, name)
-            deployment.apply({"s": [("d1", [receiver.url()])]})
-        else:
+        if tracing in workers:  # started again: the same deployment, a new process
             workers.pop(tracing).stop()
+        if tracing not in deployments:
+            deployments[tracing] = Deployment(bench.bootstrap, name)
+            deployments[tracing].apply({"s": [("d1", [receiver.url()])]})
         deployment = deployments[tracing]
         env = deployment.env(**(exporting if tracing == "on" else {}))
         workers[tracing] = Worker("worker --no-log-store", env, name)

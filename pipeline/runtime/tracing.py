@@ -45,6 +45,7 @@ from pipeline.runtime.lean_spans import (
     Limits,
     Sink,
     make_exporter,
+    parse_traceparent,
 )
 
 __all__ = [
@@ -366,11 +367,8 @@ def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, boo
     sampled = False
     for header, value in headers:
         if header == TRACEPARENT:
-            if TRACEPARENT_FORM.fullmatch(value):  # (parse_traceparent's, by position)
-                ids = (value[3:35], value[36:52])
-            else:
-                ids = None
-            sampled = value[-2:] == b"01" or _sampled(value)
+            ids = parse_traceparent(value)
+            sampled = _sampled(value)
         elif header == TRACESTATE:
             state = value.decode("ascii", "replace")
     return ids, state, sampled
