@@ -126,7 +126,7 @@ def configure(
     _state.pass_through = pass_through
     if _state.provider is not None:  # configured again: the last one's spans are sent first
         _state.provider.shutdown()
-        _state.provider = _state.tracer = _state.lean = None
+    _state.provider = _state.tracer = _state.lean = None
     if not _wanted(env):
         return False
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
