@@ -24,9 +24,9 @@ must.
 First the tracing-off worker runs alone, ``bare``, ``none`` and ``off`` alternated: a deployment
 without tracing, given calls with contexts and without (one process against itself). Then the
 tracing-on worker starts beside it, and ``off``, ``1 %`` and ``100 %`` alternate (``100 %`` ÷
-``1 %`` is one process against itself). Two worker processes of the same code differ by several per cent on this
-machine, run after run, so both workers are started again before each of these runs: a ratio of
-two processes is a new pair's each time, and its median is not one pair's bias.
+``1 %`` is one process against itself). Two worker processes of the same code differ by several
+per cent on this machine, run after run, so both workers are started again before each of these
+runs: a ratio of two processes is a new pair's each time, and its median is not one pair's bias.
 
 Each run produces ``calls`` calls and waits until the receiver has answered them all; the modes
 alternate (same run). Reported: deliveries/s, each mode ÷ the one it is measured against (``off``

@@ -6,7 +6,7 @@ topics). For each record, in order (``_decide``):
 1. **When is it due?** Its schedule (``pipeline.roles.parking.Schedule``: the header every record
    in a tier carries; a record on ``deliveries`` is due now). Due in more than ``HOLD_SECONDS``:
    the consumer loop pauses its partition until then (``Defer``); due sooner: held here until it
-   is (``Hold``), since a pause costs a fetch round trip.
+   is (``Hold``; a parked batch undecoded, ``Retake``), since a pause costs a fetch round trip.
 2. **Can its destination take it now?** Asked before the decode where the record may still be
    parked as it is (a fresh one, or a parked one come due): if not, it is parked again undecoded
    (``HandOff``). A parked batch come due is split into the records it carries (``Split``). A
@@ -65,6 +65,7 @@ from pipeline.roles.delivery_decisions import (
     InLane,
     LiveConfig,
     Logged,
+    Retake,
     Sender,
     Skip,
     Split,
@@ -93,8 +94,8 @@ log = logging.getLogger("pipeline.deliver")
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its due time; one due later pauses its partition until this long
-#: before it is due. Pausing and resuming a partition costs a fetch round trip (50-500 ms), so
-#: pausing alone made every retry that late.
+#: before it is due. Pausing and resuming a partition costs a fetch round trip (50 ms, and up to a
+#: second where the consumer has nothing else to fetch), so pausing alone made every retry that late.
 HOLD_SECONDS = 1.0
 
 
@@ -208,6 +209,7 @@ class DeliveryHandler:
         # batch, not a task, a future and a wake-up each.
         handed: list[tuple[ConsumedRecord, HandOff]] = []
         held: list[tuple[float, ConsumedRecord, Delivery]] = []
+        retaken: list[tuple[float, ConsumedRecord]] = []
         records = list(batch)
         try:
             for consumed in records:  # a parked batch's parts join the list as it is read
@@ -221,6 +223,8 @@ class DeliveryHandler:
                     deferred.setdefault(consumed.key, consumed.offset)
                 elif isinstance(decision, Hold):
                     held.append((decision.at, consumed, decision.record))
+                elif isinstance(decision, Retake):
+                    retaken.append((decision.at, consumed))
                 elif isinstance(decision, Split):
                     records += decision.parts
                 elif isinstance(decision, InLane):
@@ -234,6 +238,8 @@ class DeliveryHandler:
             self._spawn(self._hand_off_all(handed, loop))
         if held:  # one task for the batch's held records, not a task and a timer each
             self._spawn(self._start_when_due(held, loop))
+        if retaken:
+            self._spawn(self._retake_when_due(retaken, loop))
 
     def _decide(
         self,
@@ -253,9 +259,11 @@ class DeliveryHandler:
             if due - now > HOLD_SECONDS:
                 return Defer(due - HOLD_SECONDS)
             if schedule.parts and due > now:
-                # A batch is not held, decoded, in memory: it waits undecoded, its partition
-                # paused, and is then parked again whole if it must be.
-                return Defer(due)
+                # A batch is held as it is, undecoded, and decided again when due (parked
+                # again whole if it must be). Not paused: librdkafka fetches a resumed
+                # partition up to a second late where the consumer has nothing else to fetch,
+                # and records waiting for a turn came back a second late each round.
+                return Retake(due)
             if due <= now:
                 if not schedule.parts:
                     waited(message, schedule.tier, schedule.destination, now)
@@ -369,6 +377,23 @@ class DeliveryHandler:
             parking.close()
             if handed:
                 self._spawn(self._hand_off_all(handed, loop))
+
+    async def _retake_when_due(
+        self, retaken: list[tuple[float, ConsumedRecord]], loop: Progress
+    ) -> None:
+        """Decide each retaken batch again at its due time, never before (those due together
+        in one go), unless its partition went meanwhile."""
+        retaken.sort(key=itemgetter(0))
+        index = 0
+        while index < len(retaken):
+            while (wait := retaken[index][0] - time.time()) > 0:
+                await asyncio.sleep(wait)
+            now = time.time()
+            due = []
+            while index < len(retaken) and retaken[index][0] <= now:
+                due.append(retaken[index][1])
+                index += 1
+            await self.handle([consumed for consumed in due if loop.owns(consumed)], loop)
 
     async def _hand_off_all(
         self, handed: list[tuple[ConsumedRecord, HandOff]], loop: Progress

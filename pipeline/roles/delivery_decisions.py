@@ -21,6 +21,7 @@ __all__ = [
     "Skip",
     "Defer",
     "Hold",
+    "Retake",
     "Split",
     "HandOff",
     "InLane",
@@ -76,6 +77,13 @@ class Hold(NamedTuple):
     record: Delivery
 
 
+class Retake(NamedTuple):
+    """A parked batch due at ``at`` (within ``HOLD_SECONDS``): held here as it is, undecoded,
+    and decided again then."""
+
+    at: float
+
+
 class Split(NamedTuple):
     """A parked batch come due: the records it carries, each to be decided in turn."""
 
@@ -106,7 +114,7 @@ class Start(NamedTuple):
     turn: float | None
 
 
-Decision = Skip | Defer | Hold | Split | HandOff | Start | InLane
+Decision = Skip | Defer | Hold | Retake | Split | HandOff | Start | InLane
 
 
 class Concluded(NamedTuple):

@@ -689,20 +689,32 @@ def test_a_parked_batch_whose_circuit_closed_goes_on_record_by_record() -> None:
     assert retried == [(b"hooks/u0", "m0", 1), (b"hooks/u1", "m1", 1), (b"hooks/u2", "m2", 1)]
 
 
-def test_a_parked_batch_due_within_the_hold_waits_undecoded_in_its_paused_partition() -> None:
-    """Not held in memory decoded (a record due within ``HOLD_SECONDS`` is): it comes back when
-    due, to be parked again whole if its destination still cannot take it."""
+def test_a_parked_batch_due_within_the_hold_waits_here_undecoded_and_is_decided_again() -> None:
+    """Not decoded, and its partition not paused (a resumed partition came back up to a second
+    late): held as it is until due, then parked again whole if its destination still cannot
+    take it. The record behind it in its partition goes on meanwhile."""
     due = time.time() + HOLD_SECONDS / 2
+    parked = parked_batch([b"not decoded"] * 2, due)
+    headers, value = parked_taken(b"alone", time.time() - 1)
+    behind = taken(TOPICS.retry[1], value, key=b"hooks/u9", offset=4, headers=headers)
     _, loop, producer, batch = run(
-        [],
-        FakeSender(lambda d: [OK]),
-        batch=[parked_batch([b"not decoded"] * 2, due)],
-        health=circuits_open(),
+        [], FakeSender(lambda d: [OK]), batch=[parked, behind], health=circuits_open()
     )
-    assert producer.sent == [] and loop.finished == []
-    assert [(record.offset, until) for record, until in loop.deferred] == [
-        (3, int(due * 1000) / 1000)
-    ]
+    assert loop.deferred == []
+    carrier, again = producer.sent  # the one behind carries the probe; the batch came after
+    assert carrier[2] == b"alone"
+    assert again[2] == parked.message.value()  # the same bytes: parked again whole
+    assert park_header(again) is not None and int(park_header(again)[1]) / 1000 > due
+    assert loop.finished == [behind, parked]
+
+
+def test_a_held_batch_whose_partition_went_is_left_to_its_new_owner() -> None:
+    values = [encoded(delivery(message_id=f"m{n}")) for n in range(2)]
+    parked = parked_batch(values, time.time() + HOLD_SECONDS / 2)
+    sender, loop = FakeSender(lambda d: [OK]), FakeLoop()
+    loop.lost = {parked.key}
+    _, loop, producer, _ = run([], sender, loop=loop, batch=[parked])
+    assert sender.attempts == [] and producer.sent == [] and loop.finished == []
 
 
 def test_a_batch_opened_before_its_partition_is_deferred_still_goes_on() -> None:
