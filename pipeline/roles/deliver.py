@@ -41,7 +41,7 @@ from pipeline.core.config import Destination
 from pipeline.core.delivery_policy import Conclusion, Schedules, conclude
 from pipeline.core.endpoint_health import EndpointHealth
 from pipeline.core.exceptions import UndecodableRecord
-from pipeline.core.outcomes import Failure, Outcome, UrlResult
+from pipeline.core.outcomes import Outcome, UrlResult
 from pipeline.core.records import Delivery, delivery_from_record
 from pipeline.core.retry_schedule import RetrySchedule
 from pipeline.core.routing import key_destination
@@ -70,6 +70,8 @@ from pipeline.roles.delivery_decisions import (
     Skip,
     Split,
     Start,
+    all_refused,
+    due_groups,
 )
 from pipeline.roles.delivery_outcomes import (
     DeadLetters,
@@ -94,8 +96,8 @@ log = logging.getLogger("pipeline.deliver")
 
 #: A record due within this many seconds is held in memory (it counts against the in-flight
 #: limit) and attempted at its due time; one due later pauses its partition until this long
-#: before it is due. Pausing and resuming a partition costs a fetch round trip (50 ms, and up to a
-#: second where the consumer has nothing else to fetch), so pausing alone made every retry that late.
+#: before it is due. Pausing and resuming a partition costs a fetch round trip (50 ms to a second),
+#: so pausing alone made every retry that late.
 HOLD_SECONDS = 1.0
 
 
@@ -259,10 +261,9 @@ class DeliveryHandler:
             if due - now > HOLD_SECONDS:
                 return Defer(due - HOLD_SECONDS)
             if schedule.parts and due > now:
-                # A batch is held as it is, undecoded, and decided again when due (parked
-                # again whole if it must be). Not paused: librdkafka fetches a resumed
-                # partition up to a second late where the consumer has nothing else to fetch,
-                # and records waiting for a turn came back a second late each round.
+                # Held as it is, undecoded, and decided again when due (parked again whole if
+                # it must be); not paused: librdkafka fetched a resumed partition up to a second
+                # late where the consumer had nothing else to fetch.
                 return Retake(due)
             if due <= now:
                 if not schedule.parts:
@@ -350,20 +351,13 @@ class DeliveryHandler:
     async def _start_when_due(
         self, held: list[tuple[float, ConsumedRecord, Delivery]], loop: Progress
     ) -> None:
-        """Start each held record at its due time, never before; those due together are decided
-        together (one hand-off)."""
-        held.sort(key=itemgetter(0))  # by due time; stable: a partition's records keep their order
-        index = 0
-        while index < len(held):
-            while (wait := held[index][0] - time.time()) > 0:  # never early, whatever the timer
-                await asyncio.sleep(wait)
-            now = time.time()
+        """Start each held record at its due time; those due together are decided together
+        (one hand-off)."""
+        async for now, due in due_groups(held, itemgetter(0)):
             parking = self.parking.batch(now)
             handed: list[tuple[ConsumedRecord, HandOff]] = []
             try:
-                while index < len(held) and held[index][0] <= now:
-                    _, consumed, record = held[index]
-                    index += 1
+                for _, consumed, record in due:
                     if consumed.key[0] != self._topics.deliveries:  # it waited in a tier
                         waited(consumed.message, record.tier, record.destination_id, now)
                     decision = self._admitted(consumed, record, now, parking)
@@ -381,19 +375,9 @@ class DeliveryHandler:
     async def _retake_when_due(
         self, retaken: list[tuple[float, ConsumedRecord]], loop: Progress
     ) -> None:
-        """Decide each retaken batch again at its due time, never before (those due together
-        in one go), unless its partition went meanwhile."""
-        retaken.sort(key=itemgetter(0))
-        index = 0
-        while index < len(retaken):
-            while (wait := retaken[index][0] - time.time()) > 0:
-                await asyncio.sleep(wait)
-            now = time.time()
-            due = []
-            while index < len(retaken) and retaken[index][0] <= now:
-                due.append(retaken[index][1])
-                index += 1
-            await self.handle([consumed for consumed in due if loop.owns(consumed)], loop)
+        """Decide each retaken batch again at its due time, unless its partition went."""
+        async for _, due in due_groups(retaken, itemgetter(0)):
+            await self.handle([consumed for _, consumed in due if loop.owns(consumed)], loop)
 
     async def _hand_off_all(
         self, handed: list[tuple[ConsumedRecord, HandOff]], loop: Progress
@@ -468,7 +452,7 @@ class DeliveryHandler:
     ) -> Conclusion | Concluded:
         """What the answers mean for the record (``Concluded``: it is parked again as it is)."""
         record, destination = start.record, start.destination
-        if self._limits.parking and not start.final and _all_refused(results):
+        if self._limits.parking and not start.final and all_refused(results):
             # Refused while it waited (a circuit opened, the endpoint fell silent, a pause was
             # heard): parked.
             out = self._parked_alone(consumed, record, destination)
@@ -614,12 +598,3 @@ class DeliveryHandler:
         if self._log is not None:
             await self._log.aclose()
         await self._events.aclose()
-
-
-def _all_refused(results: Sequence[UrlResult]) -> bool:
-    """No request was made: every webhook's circuit refused it, it fell silent, or the
-    destination was paused while the request waited for its turn."""
-    for result in results:  # a loop, not all() over a generator: asked of every attempt
-        if result.failure is not Failure.CIRCUIT_OPEN:
-            return False
-    return True

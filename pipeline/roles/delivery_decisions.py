@@ -4,10 +4,13 @@ webhook sender."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 from pipeline.core.config import ConfigTable, Destination
-from pipeline.core.outcomes import UrlResult
+from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.records import Delivery
 from pipeline.kafka.consumer_loop import ConsumedRecord
 from pipeline.kafka.errors import Produced
@@ -28,7 +31,11 @@ __all__ = [
     "Start",
     "Decision",
     "Concluded",
+    "all_refused",
+    "due_groups",
 ]
+
+_T = TypeVar("_T")
 
 #: What a record's hand-off logs (``None``: nothing, the log is off).
 Logged = LogRecordValue | None
@@ -124,3 +131,30 @@ class Concluded(NamedTuple):
     out: list[Produced]
     logged: Logged
     waits: bool
+
+
+async def due_groups(
+    items: list[_T], due: Callable[[_T], float]
+) -> AsyncIterator[tuple[float, list[_T]]]:
+    """``items`` (held records) in groups, each at its ``due`` time (epoch seconds), never
+    before, whatever the timer: the time, and all those due by then, in order of due time
+    (stable: a partition's records keep their order)."""
+    items = sorted(items, key=due)
+    start = 0
+    while start < len(items):
+        while (wait := due(items[start]) - time.time()) > 0:
+            await asyncio.sleep(wait)
+        now, end = time.time(), start + 1
+        while end < len(items) and due(items[end]) <= now:
+            end += 1
+        yield now, items[start:end]
+        start = end
+
+
+def all_refused(results: Sequence[UrlResult]) -> bool:
+    """No request was made: every webhook's circuit refused it, it fell silent, or the
+    destination was paused while the request waited for its turn."""
+    for result in results:  # a loop, not all() over a generator: asked of every attempt
+        if result.failure is not Failure.CIRCUIT_OPEN:
+            return False
+    return True
