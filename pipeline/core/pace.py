@@ -36,7 +36,7 @@ import datetime
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -396,6 +396,23 @@ class PaceBook:
             elif destination not in limits:
                 del self._own[destination]  # gone from the config, and nothing to say
         return reports
+
+    def farewell(self) -> list[tuple[str, Report]]:
+        """The reports of a member that stops: it asks for nothing any more, so the others take
+        its share at once rather than when its last report ages out (``LIVE_FOR``); its pause
+        and lowered pace stay as they were.
+
+        >>> book = PaceBook("a", wall=lambda: 100.0)
+        >>> book.taken("hooks"); _ = book.tick({"hooks": 40.0})
+        >>> [(d, r.demand, r.at) for d, r in book.farewell()]
+        [('hooks', 0.0, 100.0)]
+        """
+        wall = self._wall()
+        return [
+            (destination, replace(own.report, demand=0.0, accepted=0.0, at=wall))
+            for destination, own in self._own.items()
+            if own.report.demand
+        ]
 
     def _step_up(self, destination: str, own: _Own, limit: float | None) -> None:
         assert own.pace is not None

@@ -23,7 +23,7 @@ from confluent_kafka import Message
 
 from pipeline.core.config import Destination
 from pipeline.core.endpoint_health import EndpointHealth
-from pipeline.core.pace import INTERVAL, PaceChange, report_key
+from pipeline.core.pace import INTERVAL, PaceChange, Report, report_key
 from pipeline.core.settings import Settings
 from pipeline.core.topics import Topics
 from pipeline.kafka.config_store import ConfigFollower
@@ -38,6 +38,8 @@ log = logging.getLogger("pipeline.pace")
 
 #: How often the exchange looks for a change to publish at once.
 URGENT_CHECK = 0.1
+#: How long a stopping process waits for its farewell reports to be acknowledged.
+FAREWELL_WAIT = 5.0
 
 
 class PaceExchange:
@@ -68,10 +70,16 @@ class PaceExchange:
         return self
 
     async def aclose(self) -> None:
+        """Stop, saying so: a report of no demand for each destination this process asked for
+        (``PaceBook.farewell``), so that the others take its share at once."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        try:
+            await asyncio.wait_for(self._send(self._book.farewell()), FAREWELL_WAIT)
+        except Exception as exc:  # the others go on without it once its reports age out
+            log.warning("pace: the farewell reports were not published: %s", exc or "timed out")
         await asyncio.to_thread(self._follower.stop)
 
     def _take(self, records: list[Message]) -> None:  # the follower's thread
@@ -97,6 +105,9 @@ class PaceExchange:
         for change in self._book.changes():
             self._emit(change)
         self._gauges(destinations)
+        await self._send(reports)
+
+    async def _send(self, reports: list[tuple[str, Report]]) -> None:
         if reports:
             failed = await self._producer.send_all(
                 [(self._topic, report_key(d, self._book.member), r.encode()) for d, r in reports]

@@ -7,6 +7,7 @@ through the pace topic (``pipeline.core.pace``): a rate limit split by what each
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import Counter
@@ -93,6 +94,38 @@ def test_a_rate_limit_holds_while_a_worker_joins_the_group(
         f"requests each second: {[seconds[n] for n in range(max(seconds) + 1)]}"
     )
     assert joined >= 1, "the third worker took no partition: no rebalance was measured"
+    assert limit * 0.9 <= observed <= limit * 1.1
+
+
+def test_a_rate_limit_holds_while_a_worker_leaves_the_group(
+    settings, receiver_factory, process_factory
+):
+    """One of three processes stops (SIGTERM: it leaves the group) while a backlog drains at
+    the group's limit: the others take its partitions and its share, every call arrives, and
+    the receiver sees the limit, within 10 %."""
+    limit, count = 30.0, 540
+    receiver = receiver_factory(200)
+    apply(settings, simple_config(receiver.url, rate_limit=limit))
+    ports = [free_port() for _ in range(3)]
+    processes = []
+    for port in ports:
+        args = ("worker", "--no-log-store", "--metrics-port", str(port))
+        processes.append(process_factory(settings, *args))
+        Stderr(processes[-1])
+    wait_for(lambda: settled(settings, ports), timeout=60)
+    send_calls(settings, calls(count), "wk")
+    wait_for(lambda: len(receiver.requests) >= count // 4, timeout=60)
+    processes[2].send_signal(signal.SIGTERM)
+    assert processes[2].wait(30) == 0
+    wait_for(lambda: settled(settings, ports[:2]), timeout=60)
+    wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == count, timeout=90)
+    times = sorted(r.at for r in receiver.requests)
+    seconds = Counter(int(t - times[0]) for t in times)
+    observed = backlog_rate(times)
+    print(
+        f"rate limit {limit:g}/s, a worker leaving: {observed:.1f}/s; "
+        f"requests each second: {[seconds[n] for n in range(max(seconds) + 1)]}"
+    )
     assert limit * 0.9 <= observed <= limit * 1.1
 
 

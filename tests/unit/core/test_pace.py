@@ -107,6 +107,29 @@ def test_a_demand_that_ended_is_said_once_so_the_others_take_its_share() -> None
     assert pace.tick({"hooks": 40.0}) == []  # then nothing more to say
 
 
+def test_a_member_that_stops_says_so_and_the_others_take_its_share_at_once() -> None:
+    """Its farewell asks for nothing, keeping its pause; without it, the others would send
+    their part of the limit until its last report aged out (``LIVE_FOR``)."""
+    leaving, clocks = book("b")
+    pace = PaceBook("a", wall=clocks.wall, clock=clocks.mono)
+    leaving.taken("hooks")
+    leaving.answered("hooks", 429, retry_after=60.0)
+    ask(pace, clocks, 1)  # both asked for one turn a second
+    [(_, report)] = leaving.tick({"hooks": 40.0})
+    pace.take(report_key("hooks", "b"), report.encode())
+    assert pace.share("hooks", fallback=0.5) == pytest.approx(0.5)
+    [(destination, farewell)] = leaving.farewell()
+    assert (destination, farewell.demand, farewell.paused_until) == (
+        "hooks",
+        0.0,
+        report.paused_until,
+    )
+    assert farewell.paused_until > clocks.wall()
+    pace.take(report_key("hooks", "b"), farewell.encode())
+    assert pace.share("hooks", fallback=0.5) == 1.0
+    assert PaceBook("c").farewell() == []  # nothing asked, nothing to say
+
+
 def test_records_parked_for_their_turn_ask_in_every_interval_they_are_out() -> None:
     """A wave of parked records comes back about once a second: the interval between two
     waves still asks for them, and a rebalance that moves their partition ends that."""
