@@ -66,6 +66,7 @@ from pipeline.roles.delivery_decisions import (
     LiveConfig,
     Logged,
     Retake,
+    Retakes,
     Sender,
     Skip,
     Split,
@@ -135,6 +136,7 @@ class DeliveryHandler:
         #: Set when the pipeline cannot go on (the Schema Registry is down): the worker stops.
         self.fatal: BaseException | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retakes = Retakes()
         self._schedules = Schedules(
             schedule or RetrySchedule(settings.retry_delays, settings.retry_deadline)
         )
@@ -211,7 +213,7 @@ class DeliveryHandler:
         # batch, not a task, a future and a wake-up each.
         handed: list[tuple[ConsumedRecord, HandOff]] = []
         held: list[tuple[float, ConsumedRecord, Delivery]] = []
-        retaken: list[tuple[float, ConsumedRecord]] = []
+        retaken: list[tuple[float, ConsumedRecord, int]] = []
         records = list(batch)
         try:
             for consumed in records:  # a parked batch's parts join the list as it is read
@@ -226,7 +228,7 @@ class DeliveryHandler:
                 elif isinstance(decision, Hold):
                     held.append((decision.at, consumed, decision.record))
                 elif isinstance(decision, Retake):
-                    retaken.append((decision.at, consumed))
+                    retaken.append((decision.at, consumed, decision.size))
                 elif isinstance(decision, Split):
                     records += decision.parts
                 elif isinstance(decision, InLane):
@@ -260,11 +262,8 @@ class DeliveryHandler:
             due = schedule.not_before / 1000
             if due - now > HOLD_SECONDS:
                 return Defer(due - HOLD_SECONDS)
-            if schedule.parts and due > now:
-                # Held as it is, undecoded, and decided again when due (parked again whole if
-                # it must be); not paused: librdkafka fetched a resumed partition up to a second
-                # late where the consumer had nothing else to fetch.
-                return Retake(due)
+            if schedule.parts and due > now:  # held undecoded, parked again whole if it must
+                return self._retakes.decide(message.value(), due)
             if due <= now:
                 if not schedule.parts:
                     waited(message, schedule.tier, schedule.destination, now)
@@ -373,11 +372,12 @@ class DeliveryHandler:
                 self._spawn(self._hand_off_all(handed, loop))
 
     async def _retake_when_due(
-        self, retaken: list[tuple[float, ConsumedRecord]], loop: Progress
+        self, retaken: list[tuple[float, ConsumedRecord, int]], loop: Progress
     ) -> None:
         """Decide each retaken batch again at its due time, unless its partition went."""
         async for _, due in due_groups(retaken, itemgetter(0)):
-            await self.handle([consumed for _, consumed in due if loop.owns(consumed)], loop)
+            self._retakes.released(sum(size for *_, size in due))
+            await self.handle([consumed for _, consumed, _ in due if loop.owns(consumed)], loop)
 
     async def _hand_off_all(
         self, handed: list[tuple[ConsumedRecord, HandOff]], loop: Progress

@@ -25,6 +25,7 @@ __all__ = [
     "Defer",
     "Hold",
     "Retake",
+    "Retakes",
     "Split",
     "HandOff",
     "InLane",
@@ -86,9 +87,38 @@ class Hold(NamedTuple):
 
 class Retake(NamedTuple):
     """A parked batch due at ``at`` (within ``HOLD_SECONDS``): held here as it is, undecoded,
-    and decided again then."""
+    and decided again then (``size``: its bytes, within ``Retakes``'s limit). Not paused:
+    librdkafka fetched a resumed partition up to a second late where the consumer had nothing
+    else to fetch."""
 
     at: float
+    size: int
+
+
+#: The bytes of parked batches held here at most until they are due (``Retake``); past it a batch
+#: pauses its partition until then (``Defer``). A backlog waiting for its turns under a rate limit
+#: goes round a retry tier in batches of up to 256 KB: the in-flight limit alone would let 1,000
+#: of them (250 MB) wait in memory.
+RETAKE_BYTES = 32 * 1024 * 1024
+
+
+class Retakes:
+    """The parked batches held until due, in bytes, within ``limit``."""
+
+    def __init__(self, limit: int = RETAKE_BYTES) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def decide(self, value: bytes | None, due: float) -> Retake | Defer:
+        """Hold a parked batch of ``value`` due at ``due``, or, past the limit, pause."""
+        size = len(value or b"")
+        if self.held + size > self.limit:
+            return Defer(due)
+        self.held += size
+        return Retake(due, size)
+
+    def released(self, size: int) -> None:
+        self.held -= size
 
 
 class Split(NamedTuple):

@@ -19,8 +19,10 @@ from pipeline.core.topics import Topics
 from pipeline.kafka.codec import Codec
 from pipeline.kafka.log_reading import decode_log_records
 from pipeline.kafka.registry_codec import SchemaRegistryUnavailable
+from pipeline.roles import deliver as deliver_module
 from pipeline.roles import parking as parking_module
 from pipeline.roles.deliver import HOLD_SECONDS, DeliveryHandler
+from pipeline.roles.delivery_decisions import Defer, Retake, Retakes
 from pipeline.roles.delivery_tracing import WAIT_HEADER
 from pipeline.roles.parking import MAX_BYTES, PARTS_HEADER, SCHEDULE_HEADER, packed, unpacked
 from pipeline.runtime import metrics
@@ -706,6 +708,39 @@ def test_a_parked_batch_due_within_the_hold_waits_here_undecoded_and_is_decided_
     assert again[2] == parked.message.value()  # the same bytes: parked again whole
     assert park_header(again) is not None and int(park_header(again)[1]) / 1000 > due
     assert loop.finished == [behind, parked]
+
+
+def test_parked_batches_held_until_due_stay_within_their_bytes() -> None:
+    retakes = Retakes(limit=100)
+    assert retakes.decide(b"x" * 60, 5.0) == Retake(5.0, 60)
+    assert retakes.decide(b"x" * 60, 6.0) == Defer(6.0)  # past the limit: its partition pauses
+    retakes.released(60)
+    assert retakes.decide(b"x" * 100, 7.0) == Retake(7.0, 100) and retakes.held == 100
+
+
+def test_a_parked_batch_past_the_bytes_held_pauses_its_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One batch's worth may be held: of two due within the hold, the first waits here and is
+    decided again when due, the second pauses its partition until then; the bytes held are
+    given back once the first is decided."""
+    due = time.time() + HOLD_SECONDS / 2
+    first = parked_batch([b"not decoded"] * 2, due)
+    second = parked_batch([b"not decoded"] * 2, due)
+    second.key = (second.key[0], 1)
+    limit = len(first.message.value())
+    monkeypatch.setattr(deliver_module, "Retakes", lambda: Retakes(limit=limit))
+    handler, loop, producer, _ = run(
+        [], FakeSender(lambda d: [OK]), batch=[first, second], health=circuits_open()
+    )
+    assert [(record, until) for record, until in loop.deferred] == [
+        (second, int(due * 1000) / 1000)
+    ]
+    # the first, decided again when due: one record carries the probe, the other waits for it
+    parked = [part for record in producer.sent for part in parts_of(record)]
+    assert parked == [(b"hooks/u0", b"not decoded"), (b"hooks/u1", b"not decoded")]
+    assert loop.finished == [first]
+    assert handler._retakes.held == 0
 
 
 def test_a_held_batch_whose_partition_went_is_left_to_its_new_owner() -> None:
