@@ -69,6 +69,19 @@ def calls(count: int, prefix: str = "p") -> list[dict[str, Any]]:
     ]
 
 
+def rate_seen(receiver: Any, limit: float, what: str) -> float:
+    """The rate ``receiver`` saw while the backlog waited (``backlog_rate``), printed with the
+    requests of each second."""
+    times = sorted(r.at for r in receiver.requests)
+    seconds = Counter(int(t - times[0]) for t in times)
+    observed = backlog_rate(times)
+    print(
+        f"rate limit {limit:g}/s, {what}: {observed:.1f}/s; "
+        f"requests each second: {[seconds[n] for n in range(max(seconds) + 1)]}"
+    )
+    return observed
+
+
 def test_a_rate_limit_holds_while_a_worker_joins_the_group(
     settings, receiver_factory, process_factory
 ):
@@ -86,13 +99,7 @@ def test_a_rate_limit_holds_while_a_worker_joins_the_group(
     ports += workers(process_factory, settings, 1)
     wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == count, timeout=90)
     joined = held(ports[2]).get("deliver", 0.0) + held(ports[2]).get("retry", 0.0)
-    times = sorted(r.at for r in receiver.requests)
-    seconds = Counter(int(t - times[0]) for t in times)
-    observed = backlog_rate(times)
-    print(
-        f"rate limit {limit:g}/s, a third worker joining: {observed:.1f}/s (it holds {joined}); "
-        f"requests each second: {[seconds[n] for n in range(max(seconds) + 1)]}"
-    )
+    observed = rate_seen(receiver, limit, f"a third worker joining (it holds {joined})")
     assert joined >= 1, "the third worker took no partition: no rebalance was measured"
     assert limit * 0.9 <= observed <= limit * 1.1
 
@@ -119,13 +126,7 @@ def test_a_rate_limit_holds_while_a_worker_leaves_the_group(
     assert processes[2].wait(30) == 0
     wait_for(lambda: settled(settings, ports[:2]), timeout=60)
     wait_for(lambda: len({r.json["messageId"] for r in receiver.requests}) == count, timeout=90)
-    times = sorted(r.at for r in receiver.requests)
-    seconds = Counter(int(t - times[0]) for t in times)
-    observed = backlog_rate(times)
-    print(
-        f"rate limit {limit:g}/s, a worker leaving: {observed:.1f}/s; "
-        f"requests each second: {[seconds[n] for n in range(max(seconds) + 1)]}"
-    )
+    observed = rate_seen(receiver, limit, "a worker leaving")
     assert limit * 0.9 <= observed <= limit * 1.1
 
 
