@@ -84,6 +84,11 @@ def new_span_id() -> bytes:
     return b"%016x" % span_id
 
 
+def _traceparent_of(trace_id: bytes, span_id: bytes) -> bytes:
+    """The ``traceparent`` of a lean span (ids in hex): always sampled."""
+    return b"00-" + trace_id + b"-" + span_id + b"-01"
+
+
 class LeanSpan:
     """A sampled span whose parent came from a record's trace context (``trace_id`` and
     ``parent_id`` in hex, as it carries them). The caller sets it up and ends it as it would an
@@ -126,7 +131,7 @@ class LeanSpan:
         self.parent_id = parent_id
         self.span_id = new_span_id()
         #: Its own context as a record or a request carries it on.
-        self.traceparent = b"00-" + trace_id + b"-" + self.span_id + b"-01"
+        self.traceparent = _traceparent_of(trace_id, self.span_id)
         self.trace_state = trace_state
         self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
         self.events: list[tuple[str, int, Mapping[str, Any]]] = []
@@ -202,7 +207,7 @@ class Sink:
             False,
         )
         self._processor.on_end(EncodedSpan(encoded))
-        return b"00-" + trace_id + b"-" + span_id + b"-01"
+        return _traceparent_of(trace_id, span_id)
 
 
 class Limits:

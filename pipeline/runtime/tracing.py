@@ -394,9 +394,7 @@ def step(
         parent = lean.step(
             name, ids[0], ids[1], state, attributes, events, _linked(links) if links else []
         )
-        if state:
-            return [(TRACEPARENT, parent), (TRACESTATE, state.encode())]
-        return [(TRACEPARENT, parent)]
+        return _carried(parent, state)
     span = child_span(name, trace, attributes=attributes, links=links)
     if span is None:
         return passed_on(trace)
@@ -406,12 +404,17 @@ def step(
     return headers_of(span)
 
 
+def _carried(traceparent: bytes, trace_state: str) -> TraceHeaders:
+    """A lean span's context as a record's headers."""
+    if trace_state:
+        return [(TRACEPARENT, traceparent), (TRACESTATE, trace_state.encode())]
+    return [(TRACEPARENT, traceparent)]
+
+
 def headers_of(span: AnySpan) -> TraceHeaders:
     """The trace context of ``span``, as a record's headers (or, decoded, a request's)."""
     if isinstance(span, LeanSpan):
-        if span.trace_state:
-            return [(TRACEPARENT, span.traceparent), (TRACESTATE, span.trace_state.encode())]
-        return [(TRACEPARENT, span.traceparent)]
+        return _carried(span.traceparent, span.trace_state)
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return [(name, value.encode()) for name, value in carrier.items()]
