@@ -13,11 +13,14 @@ publishes a ``Report`` every ``INTERVAL`` to a compacted topic that every member
   member sends its partitions' share (``fallback``).
 - **A pause**: a 429 or 503 with ``Retry-After`` stops the destination's attempts in every member
   until then (``RETRY_AFTER_MAX`` at most), as soon as the report reaches them.
-- **A lower pace** (AIMD): a 429 without ``Retry-After`` lowers the group's pace to
-  ``DECREASE`` of what the receiver accepted lately (at most once a ``STEP_EVERY``); each
+- **A lower pace** (AIMD): 429s without ``Retry-After`` lower the group's pace, at the end of
+  the interval they came in (by then the answers of a burst are all in), to ``DECREASE`` of what
+  the receiver accepted lately: the most in any ``ACCEPTED_WINDOW`` of the last
+  ``ACCEPTED_MEMORY`` (at most once a ``STEP_EVERY``); each
   ``STEP_EVERY`` without one adds a fixed step (``STEP`` of the lowered pace) until the pace is
-  back at ``rate_limit``, or, for an unlimited destination, at twice the lowered pace. Members
-  adopt the lowest live pace.
+  back at ``rate_limit``, or, for an unlimited destination, at least at twice the lowered pace
+  and no longer holding anything back (the group asks for less). Members adopt the lowest live
+  pace.
 
     >>> now = [0.0]
     >>> book = PaceBook("a", wall=lambda: 100.0, clock=lambda: now[0])
@@ -69,6 +72,13 @@ DECREASE = 0.9
 STEP = 0.05
 #: The lowest pace a destination is lowered to (requests per second).
 MIN_PACE = 1.0
+#: What the receiver "accepted lately" is the most 2xx answers in any window of this many
+#: seconds (a receiver's "per second" is a window of its own) of the last ``ACCEPTED_MEMORY``:
+#: retried records come back in waves, and the last second alone may hold a wave's tail. An
+#: interval's count (half a second, cut short by a burst or stretched by a busy loop) read 7/s,
+#: and the last second 4/s, of a receiver taking 20 (test_pace.py's 429 test).
+ACCEPTED_WINDOW = 1.0
+ACCEPTED_MEMORY = 3.0
 #: A record parked for its turn is counted out, in its member's demand, until this long after
 #: it is due (its way back through the retry tier).
 RETURN_ALLOWANCE = 0.5
@@ -173,7 +183,11 @@ class _Own:
     #: How many of them were still out when this interval began.
     carried: int = 0
     accepted: int = 0
+    #: When each 2xx answer of the last ``ACCEPTED_MEMORY`` came (monotonic seconds).
+    recent: deque[float] = field(default_factory=deque)
+    #: A 429 came since the last ``STEP_EVERY``'s step (no step up) / since the last tick.
     throttled: bool = False
+    refused: bool = False
     pace: float | None = None
     step: float = 0.0
     lowered_to: float = 0.0
@@ -255,19 +269,19 @@ class PaceBook:
         own = self._of(destination)
         if 200 <= status < 300:
             own.accepted += 1
+            now, recent = self._clock(), own.recent
+            recent.append(now)
+            while recent[0] < now - ACCEPTED_MEMORY:
+                recent.popleft()
         elif status in (429, 503) and retry_after is not None:
             until = self._wall() + min(max(retry_after, 0.0), RETRY_AFTER_MAX)
             if until > self.paused_until(destination) + 0.5:
                 self._changes.append(PaceChange(destination, "paused", until=until, status=status))
             own.paused_until = max(own.paused_until, until)
         elif status == 429:
-            own.throttled = True
-            self._decrease(destination, own)
+            own.throttled = own.refused = True  # the interval's end lowers the pace (``tick``)
 
-    def _decrease(self, destination: str, own: _Own) -> None:
-        now = self._clock()
-        if now - own.last_decrease < STEP_EVERY:
-            return
+    def _decrease(self, destination: str, own: _Own, now: float) -> None:
         accepted = self._accepted_rate(destination, own, now)
         current = self.pace(destination)
         base = accepted if accepted > 0 else (current or own.report.demand or MIN_PACE) / 2
@@ -280,9 +294,17 @@ class PaceBook:
         self._changes.append(PaceChange(destination, "slowed", pace=own.pace))
 
     def _accepted_rate(self, destination: str, own: _Own, now: float) -> float:
-        """The group's 2xx answers per second, as of the last reports and this interval."""
-        elapsed = max(now - self._interval_started, 0.1)
-        mine = max(own.accepted / elapsed, own.report.accepted)
+        """The group's 2xx answers per second: this member's most in an ``ACCEPTED_WINDOW`` of
+        the last ``ACCEPTED_MEMORY``, the others' as of their last reports."""
+        recent = own.recent
+        while recent and recent[0] < now - ACCEPTED_MEMORY:
+            recent.popleft()
+        times, most, first = list(recent), 0, 0
+        for last, at in enumerate(times):
+            while at - times[first] >= ACCEPTED_WINDOW:
+                first += 1
+            most = max(most, last - first + 1)
+        mine = most / ACCEPTED_WINDOW
         return mine + sum(r.accepted for m, r in self._live(destination) if m != self.member)
 
     # ---- what the topic tells ----------------------------------------------------------------
@@ -368,6 +390,10 @@ class PaceBook:
             moved |= self._moved.popleft()
         reports = []
         for destination, own in list(self._own.items()):
+            if own.refused:  # at most once a step: a decrease's effect takes a step to show
+                own.refused = False
+                if now - own.last_decrease >= STEP_EVERY * 0.9:
+                    self._decrease(destination, own, now)
             group = self.pace(destination)
             if group is not None and (own.pace is None or group < own.pace):
                 own.pace = own.lowered_to = group  # adopted: step up from the group's
@@ -417,8 +443,15 @@ class PaceBook:
     def _step_up(self, destination: str, own: _Own, limit: float | None) -> None:
         assert own.pace is not None
         own.pace += own.step
-        top = limit if limit is not None else 2 * own.lowered_to
-        if own.pace >= top:
+        if limit is not None:
+            lifted = own.pace >= limit
+        else:
+            # Lifted while a backlog waits, the whole of it would go at once, to be refused
+            # but for what the receiver takes: step on up until a 429 or until it holds
+            # nothing back.
+            demand = own.report.demand + sum(r.demand for m, r in self._live(destination))
+            lifted = own.pace >= 2 * own.lowered_to and demand < own.pace
+        if lifted:
             own.pace = None
             self._changes.append(PaceChange(destination, "restored", pace=limit))
 

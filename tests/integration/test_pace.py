@@ -244,8 +244,10 @@ def test_429s_without_retry_after_lower_the_pace_to_what_the_receiver_takes(
         f"{len(requests)} requests in all"
     )
     assert lowered and min(lowered) <= admits
-    # Unpaced, each retry wave would be refused but for 20 a second; paced, rarely.
-    assert refused <= 0.2 * len(late)
+    # Unpaced, each retry wave would be refused but for 20 a second; paced, rarely (2-3 of
+    # about 220 in 12 runs four at a time; 0-219 before the pace was lowered from the most the
+    # receiver took in a second, and kept while the backlog waited).
+    assert refused <= 0.1 * len(late)
     assert operational_events(settings, "destination_slowed")
 
 

@@ -224,23 +224,52 @@ def test_429_without_retry_after_lowers_the_pace_below_what_was_accepted() -> No
     pace, clocks = book()
     for _ in range(100):
         pace.answered("hooks", 200, None)
-    clocks.now += SECOND
-    pace.tick({"hooks": None})  # 100 accepted in the last second
+    clocks.now += INTERVAL
     pace.answered("hooks", 429, None)
+    assert pace.pace("hooks") is None  # the end of the interval decides, all answers in
+    pace.tick({"hooks": None})  # 100 accepted in the last second
     assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
     [change] = pace.changes()
     assert change.kind == "slowed" and change.pace == pytest.approx(100 * DECREASE)
-    pace.answered("hooks", 429, None)  # at most once an interval
+    clocks.now += INTERVAL
+    pace.answered("hooks", 429, None)
+    pace.tick({"hooks": None})  # at most once a second
     assert pace.pace("hooks") == pytest.approx(100 * DECREASE)
+    assert pace.changes() == []
+
+
+def test_what_was_accepted_is_the_most_in_a_second_lately_however_the_intervals_fall() -> None:
+    """A burst's 2xx answers, then an interval stretched by a busy loop: what the receiver took
+    in a second is what lowers the pace, not the answers over the interval's length; and a wave
+    of retried records, then its tail: the wave's second, not the tail's."""
+    pace, clocks = book()
+    pace.tick({"hooks": None})
+    clocks.now += 0.1
+    for _ in range(20):
+        pace.answered("hooks", 200, None)
+    clocks.now += 0.8  # the tick comes late
+    pace.answered("hooks", 429, None)
+    pace.tick({"hooks": None})
+    assert pace.pace("hooks") == pytest.approx(20 * DECREASE)
+    clocks.now += 4.0  # the burst is forgotten
+    for _ in range(15):  # a wave
+        pace.answered("hooks", 200, None)
+    clocks.now += 0.9
+    for _ in range(2):  # its tail
+        pace.answered("hooks", 200, None)
+    clocks.now += 0.6
+    pace.answered("hooks", 429, None)
+    pace.tick({"hooks": None})  # the last second holds 2; the wave's, 17
+    assert pace.pace("hooks") == pytest.approx(17 * DECREASE)
 
 
 def lowered_by_a_429(pace: PaceBook, clocks: Clocks, limit: float) -> float:
     """A second of 20 accepted answers, then a 429: the pace it lowered to."""
     for _ in range(20):
         pace.answered("hooks", 200, None)
-    clocks.now += SECOND
-    pace.tick({"hooks": limit})
+    clocks.now += INTERVAL
     pace.answered("hooks", 429, None)
+    pace.tick({"hooks": limit})
     lowered = pace.pace("hooks")
     assert lowered is not None and lowered == pytest.approx(20 * DECREASE)
     return lowered
@@ -276,16 +305,43 @@ def test_a_lowered_pace_steps_up_once_a_second_however_often_reports_go() -> Non
     assert pace.pace("hooks") == pytest.approx(lowered * (1 + 3 * STEP))
 
 
+def unlimited_lowered_to_the_floor(pace: PaceBook, clocks: Clocks) -> None:
+    clocks.now += SECOND
+    pace.answered("hooks", 429, None)  # nothing accepted yet: the floor
+    pace.tick({"hooks": None})
+    assert pace.pace("hooks") == MIN_PACE
+
+
 def test_an_unlimited_destinations_pace_is_lifted_at_twice_where_it_was_lowered() -> None:
     pace, clocks = book()
-    pace.answered("hooks", 429, None)  # nothing accepted yet: the floor
-    assert pace.pace("hooks") == MIN_PACE
+    unlimited_lowered_to_the_floor(pace, clocks)
     steps = 0
     while pace.pace("hooks") is not None and steps < 100:
         clocks.now += SECOND
         pace.tick({"hooks": None})
         steps += 1
     assert 10 <= steps <= 30
+
+
+def test_an_unlimited_destinations_pace_steps_on_up_while_a_backlog_waits_for_it() -> None:
+    """Lifted while records wait for their turns, the whole backlog would go at once and be
+    refused but for what the receiver takes: the pace goes on up until nothing waits."""
+    pace, clocks = book()
+    unlimited_lowered_to_the_floor(pace, clocks)
+    for _ in range(40):  # a backlog: 100 records wait each second
+        pace.taken("hooks")
+        pace.waited("hooks", 100)
+        clocks.now += SECOND
+        pace.tick({"hooks": None})
+    lowered = pace.pace("hooks")
+    assert lowered is not None and lowered > 2 * MIN_PACE  # past twice, still stepping
+    assert lowered == pytest.approx(5 * MIN_PACE)  # 40 steps of a tenth of the floor
+    clocks.now += SECOND
+    pace.tick({"hooks": None})  # the backlog is gone: the last interval asked for 2/s
+    clocks.now += SECOND
+    pace.tick({"hooks": None})  # nothing asked
+    assert pace.pace("hooks") is None
+    assert [c.kind for c in pace.changes()] == ["slowed", "restored"]
 
 
 def test_members_adopt_the_lowest_live_pace() -> None:
@@ -324,6 +380,7 @@ def test_the_bucket_follows_the_lowered_pace_and_the_share() -> None:
     health.set_share("retry", 1.0)
     assert health.rate_of(HOOKS) == 40.0
     health.answered(HOOKS, [UrlResult("https://a.example/", 429, Failure.RATE_LIMITED)])
+    pace.tick({"hooks": 40.0})
     assert health.group_rate(HOOKS) == MIN_PACE and health.rate_of(HOOKS) == MIN_PACE
     health.answered(
         HOOKS, [UrlResult("https://a.example/", 503, Failure.SERVER_ERROR, retry_after=20.0)]
