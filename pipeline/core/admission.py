@@ -12,7 +12,8 @@ its endpoints, what is in flight, and the time. Pure logic.
   until it can (``park_reasons``, in the order they are asked: its receiver asked for a pause
   (``Retry-After``), its ``max_in_flight`` taken, every webhook's circuit open, every webhook
   silent, its first requests unanswered with as many records out as its host has connections,
-  its turn under ``rate_limit`` more than half a second off);
+  its turn under ``rate_limit`` more than half a second off: back within half a second, or, a
+  fresh record behind a long queue of parked ones, once the queue ahead of it is short);
 - ``Refused``: with parking off, every webhook's circuit is open: the attempt is concluded from
   their refusals without a request (a retry).
 
@@ -72,6 +73,13 @@ RATE_WAIT_IN_FLIGHT = 0.5
 #: report (``pace.INTERVAL``), and a turn reckoned at a small share would be late at a larger one.
 RATE_PARK_LEAD = 0.25
 RATE_PARK_MAX = 0.5
+#: A fresh record (never parked) whose destination has this many seconds of turns parked here
+#: already waits behind them, to come back with ``RATE_QUEUE_KEEP`` of them still ahead (in the
+#: tier whose delay covers the wait, at most the last): a backlog of a limited destination goes
+#: round the first tier once, not twice a second all of it (30,000 calls at 10/s: 96,000
+#: records parked again a second, 54 MB/s written to the tier).
+RATE_QUEUE_LONG = 30.0
+RATE_QUEUE_KEEP = 15.0
 #: A silent destination's records wait until its requests out have timed out, this at least.
 SILENT_WAIT = 1.0
 #: A carried probe has been answered this long after the reopening at the latest, past the
@@ -182,11 +190,13 @@ def admit(
     *,
     probe_carried_at: float | None = None,
     reasons: frozenset[ParkReason] | None = None,
+    fresh: bool = False,
 ) -> Admission:
     """What becomes of a due record of ``destination`` (``None``: deleted) at ``now`` (epoch
     seconds). ``health``: the destination's (``EndpointHealth.snapshot``); ``in_flight``: its
     records being attempted here; ``probe_carried_at``: the reopening a parked record already
-    comes back for, to carry the probe; ``reasons``: park only for these."""
+    comes back for, to carry the probe; ``reasons``: park only for these; ``fresh``: it was
+    never parked (it may wait behind a queue, ``RATE_QUEUE_LONG``)."""
     if destination is None:
         return Reject(DeadLetterReason.DESTINATION_DELETED)
     if not destination.enabled:
@@ -200,9 +210,11 @@ def admit(
         deadline = int(schedule.deadline_at(first / 1000) * 1000)
     if now >= schedule.last_slot(first / 1000):
         return Attempt(first, deadline, final=True)
-    why = _park_reason(destination, health, in_flight, limits)
+    why = _park_reason(destination, health, in_flight, limits, fresh)
     if why is not None and (reasons is None or why[0] in reasons):
         reason, wait = why
+        if reason is ParkReason.RATE_LIMITED:  # behind a queue: never past the last tier's delay
+            wait = min(wait, schedule.longest_wait)
         carries = False
         if reason is ParkReason.CIRCUIT_OPEN:
             reopens_at = now + wait
@@ -223,7 +235,7 @@ def admit(
 
 
 def _park_reason(
-    destination: Destination, health: Health, in_flight: int, limits: Limits
+    destination: Destination, health: Health, in_flight: int, limits: Limits, fresh: bool
 ) -> tuple[ParkReason, float] | None:
     """Why (and for how many seconds) records for ``destination`` should wait rather than be
     attempted now."""
@@ -243,6 +255,8 @@ def _park_reason(
     if requests >= limits.unanswered and health.unproven:
         return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
     if health.rate_wait > RATE_WAIT_IN_FLIGHT:
+        if fresh and health.rate_queue > RATE_QUEUE_LONG:
+            return ParkReason.RATE_LIMITED, health.rate_queue - RATE_QUEUE_KEEP
         wait = health.rate_wait - RATE_PARK_LEAD
         return ParkReason.RATE_LIMITED, min(max(wait, RATE_PARK_LEAD), RATE_PARK_MAX)
     return None

@@ -79,13 +79,15 @@ class Health:
     (its oldest request out times out and its circuit hears of it); ``unproven``: one webhook's
     first requests are out unanswered; ``rate_wait``: how long the next request would wait for
     its turn under ``rate_limit``; ``paused_for``: seconds left of the pause its receiver asked
-    for (``Retry-After``)."""
+    for (``Retry-After``); ``rate_queue``: the seconds of turns the records this process parked
+    for theirs and not yet back would take."""
 
     reopens_in: float | None = None
     silence_ends_in: float | None = None
     unproven: bool = False
     rate_wait: float = 0.0
     paused_for: float = 0.0
+    rate_queue: float = 0.0
 
 
 def _breaker(settings: Settings) -> CircuitBreaker:
@@ -278,6 +280,7 @@ class EndpointHealth:
             self._unproven(destination),
             self.rate_wait(destination),
             self.pace.paused_for(destination.id),
+            self.rate_queue(destination),
         )
 
     def refusals(self, destination: Destination) -> list[UrlResult] | None:
@@ -380,6 +383,14 @@ class EndpointHealth:
         if bucket is None:
             return 0.0
         return bucket.waiting()
+
+    def rate_queue(self, destination: Destination) -> float:
+        """How long the records this process parked for their turns to ``destination``, not
+        back yet, would take at its rate here (0: none, or no limit)."""
+        bucket = self._bucket(destination)
+        if bucket is None:
+            return 0.0
+        return self.pace.parked(destination.id) / bucket.rate
 
     def rate_of(self, destination: Destination) -> float | None:
         """The requests per second this process sends ``destination`` at most (``None``: no

@@ -36,6 +36,7 @@ publishes a ``Report`` every ``INTERVAL`` to a compacted topic that every member
 from __future__ import annotations
 
 import datetime
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -182,6 +183,9 @@ class _Own:
     out: list[tuple[float, int, object]] = field(default_factory=list)
     #: How many of them were still out when this interval began.
     carried: int = 0
+    #: The same parkings by when each is due (no allowance; a heap), and their records.
+    due: list[tuple[float, int, object]] = field(default_factory=list)
+    parked: int = 0
     accepted: int = 0
     #: When each 2xx answer of the last ``ACCEPTED_MEMORY`` came (monotonic seconds).
     recent: deque[float] = field(default_factory=deque)
@@ -254,7 +258,21 @@ class PaceBook:
         own = self._of(destination)
         own.waited += records
         if back_in > 0:
-            own.out.append((self._clock() + back_in + RETURN_ALLOWANCE, records, place))
+            due = self._clock() + back_in
+            own.out.append((due + RETURN_ALLOWANCE, records, place))
+            heapq.heappush(own.due, (due, records, place))
+            own.parked += records
+
+    def parked(self, destination: str) -> int:
+        """Records of ``destination`` this member parked for their turn (``waited`` with a
+        ``back_in``) that are not due back yet, but for those whose place moved."""
+        own = self._own.get(destination)
+        if own is None:
+            return 0
+        due, now = own.due, self._clock()
+        while due and due[0][0] <= now:
+            own.parked -= heapq.heappop(due)[1]
+        return own.parked
 
     def moved(self, places: Iterable[object]) -> None:
         """``places`` went to another member (a rebalance): what was parked there comes back
@@ -401,6 +419,10 @@ class PaceBook:
             elif own.pace is not None and not own.throttled and stepping:
                 self._step_up(destination, own, limits.get(destination))
             own.out = [out for out in own.out if out[0] > now and out[2] not in moved]
+            if moved and own.due:
+                own.due = [due for due in own.due if due[2] not in moved]
+                heapq.heapify(own.due)
+                own.parked = sum(due[1] for due in own.due)
             carried, own.carried = own.carried, sum(out[1] for out in own.out)
             report = Report(
                 demand=(own.taken + own.waited + carried) / elapsed,

@@ -130,6 +130,12 @@ class RetrySchedule:
                 return tier
         return len(delays) - 1
 
+    @property
+    def longest_wait(self) -> float:
+        """The longest a parked record waits (the last tier's delay): longer, it would hold
+        back the records behind it."""
+        return max(self.tier_delays if self.tier_delays is not None else self.delays)
+
     def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:
         """No attempt starts after the deadline."""
         return first_attempt_at is None or now <= self.deadline_at(first_attempt_at)

@@ -11,6 +11,8 @@ from pipeline.core.admission import (
     FRESH,
     IN_FLIGHT_WAIT,
     MIN_PARK_WAIT,
+    RATE_QUEUE_KEEP,
+    RATE_QUEUE_LONG,
     RATE_WAIT_IN_FLIGHT,
     SILENT_WAIT,
     Attempt,
@@ -147,3 +149,27 @@ def test_only_the_reasons_asked_for_park() -> None:
     assert over_rate == Attempt(T0_MS, DEADLINE_MS, final=False)
     down = admit(HOOKS, Health(reopens_in=30.0), 0, FRESH, SCHEDULE, T0, reasons=at_routing)
     assert isinstance(down, Park) and down.reason is ParkReason.CIRCUIT_OPEN
+
+
+def test_a_fresh_record_behind_a_long_queue_of_parked_ones_waits_behind_them() -> None:
+    """A fresh record whose turn is off, with 60 s of turns parked here already, comes back
+    with ``RATE_QUEUE_KEEP`` of them still ahead, in the tier whose delay covers the wait (a
+    backlog goes round the tier once); a record back from a tier, or behind a short queue,
+    comes back within half a second; and no wait goes past the last tier's delay."""
+    queued = Health(rate_wait=4.0, rate_queue=60.0)
+    far = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    assert far == Park(
+        ParkReason.RATE_LIMITED, 1, T0_MS + int((60.0 - RATE_QUEUE_KEEP) * 1000), None, None
+    )
+    again = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS)  # back from a tier
+    assert again == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
+    short = Health(rate_wait=4.0, rate_queue=RATE_QUEUE_LONG)
+    near = admit(HOOKS, short, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    assert near == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
+    endless = Health(rate_wait=4.0, rate_queue=10_000.0)
+    capped = admit(HOOKS, endless, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    assert capped == Park(ParkReason.RATE_LIMITED, 1, T0_MS + 60_000, None, None)
+    turn_near = Health(rate_wait=RATE_WAIT_IN_FLIGHT, rate_queue=100.0)
+    assert admit(HOOKS, turn_near, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True) == Attempt(
+        T0_MS, DEADLINE_MS, final=False
+    )

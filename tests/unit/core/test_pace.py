@@ -364,6 +364,23 @@ def test_a_lowered_pace_heard_counts_only_while_its_member_is_live() -> None:
     assert pace.pace("hooks") is None
 
 
+def test_the_records_parked_for_their_turn_count_until_due_or_moved() -> None:
+    pace, clocks = book()
+    assert pace.parked("hooks") == 0
+    pace.waited("hooks", 100, back_in=0.5, place=("t0", 0))
+    pace.waited("hooks", 300, back_in=40.0, place=("t1", 0))
+    pace.waited("hooks", 7, back_in=40.0, place=("t1", 1))
+    pace.waited("hooks", 5)  # held in flight: not parked
+    assert pace.parked("hooks") == 407
+    clocks.now += 0.5  # the first parking is due back
+    assert pace.parked("hooks") == 307
+    pace.moved([("t1", 1)])  # a rebalance: those come back elsewhere
+    pace.tick({"hooks": 40.0})
+    assert pace.parked("hooks") == 300
+    clocks.now += 40.0
+    assert pace.parked("hooks") == 0
+
+
 # ---- what the sender sees ------------------------------------------------------------------------
 
 
@@ -386,3 +403,16 @@ def test_the_bucket_follows_the_lowered_pace_and_the_share() -> None:
         HOOKS, [UrlResult("https://a.example/", 503, Failure.SERVER_ERROR, retry_after=20.0)]
     )
     assert health.snapshot(HOOKS).paused_for == pytest.approx(20.0)
+
+
+def test_the_queue_parked_here_is_in_seconds_of_this_process_turns() -> None:
+    clocks = Clocks()
+    pace = PaceBook("a", wall=clocks.wall, clock=clocks.mono)
+    health = EndpointHealth(Settings(), clock=clocks.mono, pace=pace)
+    health.set_share("deliver", 0.5)
+    health.set_share("retry", 0.5)  # half the partitions: 20/s of 40
+    pace.waited("hooks", 400, back_in=30.0, place=("t0", 0))
+    assert health.rate_of(HOOKS) == 20.0
+    assert health.snapshot(HOOKS).rate_queue == pytest.approx(20.0)
+    unlimited = HOOKS.model_copy(update={"rate_limit": None})
+    assert health.rate_queue(unlimited) == 0.0
