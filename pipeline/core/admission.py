@@ -12,8 +12,9 @@ its endpoints, what is in flight, and the time. Pure logic.
   until it can (``park_reasons``, in the order they are asked: its receiver asked for a pause
   (``Retry-After``), its ``max_in_flight`` taken, every webhook's circuit open, every webhook
   silent, its first requests unanswered with as many records out as its host has connections,
-  its turn under ``rate_limit`` more than half a second off: back within half a second, or, a
-  fresh record behind a long queue of parked ones, once the queue ahead of it is short);
+  its turn under ``rate_limit`` more than half a second off: back within half a second; a fresh
+  record that waits by choice (``max_in_flight``, ``rate_limit``) behind a long queue of parked
+  ones comes back once the queue ahead of it is short, ``QUEUE_LONG``);
 - ``Refused``: with parking off, every webhook's circuit is open: the attempt is concluded from
   their refusals without a request (a retry).
 
@@ -33,6 +34,7 @@ so a long outage moves each parked record once per cool-down.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -61,6 +63,12 @@ __all__ = [
 #: A destination at its ``max_in_flight`` (or its unanswered limit): its next records wait this
 #: long in the first tier.
 IN_FLIGHT_WAIT = 1.0
+#: Past its ``max_in_flight``, records also wait here for a free slot (the sender holds them),
+#: as many as free up in ``IN_FLIGHT_WAIT`` at the pace its receiver accepted lately (as many as
+#: it has slots while that is unknown), up to this many: parked all, they came back a second
+#: later, and a destination with a backlog sent ``max_in_flight`` records a second however fast
+#: its receiver (2/s of a receiver taking 10).
+IN_FLIGHT_ROOM_MAX = 100
 #: Parked records wait at least this long (a circuit about to half-open).
 MIN_PARK_WAIT = 1.0
 #: A record whose turn under ``rate_limit`` is further off than this is parked rather than held in
@@ -73,13 +81,16 @@ RATE_WAIT_IN_FLIGHT = 0.5
 #: report (``pace.INTERVAL``), and a turn reckoned at a small share would be late at a larger one.
 RATE_PARK_LEAD = 0.25
 RATE_PARK_MAX = 0.5
-#: A fresh record (never parked) whose destination has this many seconds of turns parked here
-#: already waits behind them, to come back with ``RATE_QUEUE_KEEP`` of them still ahead (in the
-#: tier whose delay covers the wait, at most the last): a backlog of a limited destination goes
-#: round the first tier once, not twice a second all of it (30,000 calls at 10/s: 96,000
-#: records parked again a second, 54 MB/s written to the tier).
-RATE_QUEUE_LONG = 30.0
-RATE_QUEUE_KEEP = 15.0
+#: A fresh record (never parked) that waits by choice (its turn under ``rate_limit``, a free slot
+#: under ``max_in_flight``) behind this many seconds of records parked here for the same waits
+#: (``Health.queue``) waits behind them, to come back with ``QUEUE_KEEP`` of them still ahead,
+#: ``QUEUE_MAX_WAIT`` at most (a raised ``rate_limit`` or a faster receiver is heard by then),
+#: in the tier whose delay covers the wait: a long backlog goes round the tier once a minute,
+#: not all of it twice a second (30,000 calls at 10/s: 96,000 records parked again a second,
+#: 54 MB/s written to the tier) or, at its ``max_in_flight``, once a second.
+QUEUE_LONG = 30.0
+QUEUE_KEEP = 15.0
+QUEUE_MAX_WAIT = 60.0
 #: A silent destination's records wait until its requests out have timed out, this at least.
 SILENT_WAIT = 1.0
 #: A carried probe has been answered this long after the reopening at the latest, past the
@@ -109,6 +120,8 @@ class ParkReason(enum.StrEnum):
 #: a backlog longer than the window drains at the chosen pace rather than have its final attempts
 #: break it (or be dead-lettered). A failure's wait (an open circuit, silence) starts it.
 WAITS_BY_CHOICE = frozenset({ParkReason.BACK_OFF, ParkReason.IN_FLIGHT, ParkReason.RATE_LIMITED})
+#: The waits a fresh record may make behind a queue (``QUEUE_LONG``).
+QUEUED = frozenset({ParkReason.IN_FLIGHT, ParkReason.RATE_LIMITED})
 
 
 class Window(NamedTuple):
@@ -196,7 +209,7 @@ def admit(
     seconds). ``health``: the destination's (``EndpointHealth.snapshot``); ``in_flight``: its
     records being attempted here; ``probe_carried_at``: the reopening a parked record already
     comes back for, to carry the probe; ``reasons``: park only for these; ``fresh``: it was
-    never parked (it may wait behind a queue, ``RATE_QUEUE_LONG``)."""
+    never parked (it may wait behind a queue, ``QUEUE_LONG``)."""
     if destination is None:
         return Reject(DeadLetterReason.DESTINATION_DELETED)
     if not destination.enabled:
@@ -213,7 +226,7 @@ def admit(
     why = _park_reason(destination, health, in_flight, limits, fresh)
     if why is not None and (reasons is None or why[0] in reasons):
         reason, wait = why
-        if reason is ParkReason.RATE_LIMITED:  # behind a queue: never past the last tier's delay
+        if reason in QUEUED:  # behind a queue: never past the last tier's delay
             wait = min(wait, schedule.longest_wait)
         carries = False
         if reason is ParkReason.CIRCUIT_OPEN:
@@ -243,8 +256,9 @@ def _park_reason(
         return None
     if health.paused_for > 0:
         return ParkReason.BACK_OFF, max(MIN_PARK_WAIT, health.paused_for)
-    if destination.max_in_flight is not None and in_flight >= destination.max_in_flight:
-        return ParkReason.IN_FLIGHT, IN_FLIGHT_WAIT
+    limit = destination.max_in_flight
+    if limit is not None and in_flight >= limit + in_flight_room(destination, health):
+        return ParkReason.IN_FLIGHT, _queued(health, fresh) or IN_FLIGHT_WAIT
     if health.reopens_in is not None:
         return ParkReason.CIRCUIT_OPEN, max(MIN_PARK_WAIT, health.reopens_in)
     if health.silence_ends_in is not None:
@@ -255,8 +269,31 @@ def _park_reason(
     if requests >= limits.unanswered and health.unproven:
         return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
     if health.rate_wait > RATE_WAIT_IN_FLIGHT:
-        if fresh and health.rate_queue > RATE_QUEUE_LONG:
-            return ParkReason.RATE_LIMITED, health.rate_queue - RATE_QUEUE_KEEP
-        wait = health.rate_wait - RATE_PARK_LEAD
-        return ParkReason.RATE_LIMITED, min(max(wait, RATE_PARK_LEAD), RATE_PARK_MAX)
+        wait = min(max(health.rate_wait - RATE_PARK_LEAD, RATE_PARK_LEAD), RATE_PARK_MAX)
+        return ParkReason.RATE_LIMITED, _queued(health, fresh) or wait
+    return None
+
+
+def in_flight_room(destination: Destination, health: Health) -> int:
+    """How many records of ``destination`` may wait here for a slot under its
+    ``max_in_flight`` (``IN_FLIGHT_ROOM_MAX``); a batching destination's none (its calls are
+    counted, not its requests).
+
+    >>> from pipeline.core.config import Destination
+    >>> hooks = Destination(id="h", sources=["s"], webhooks=[{"url": "https://a.example/"}],
+    ...                     max_in_flight=5)
+    >>> in_flight_room(hooks, Health()), in_flight_room(hooks, Health(accepting=40.0))
+    (5, 50)
+    """
+    if destination.batch is not None or destination.max_in_flight is None:
+        return 0
+    paced = math.ceil(health.accepting * IN_FLIGHT_WAIT * 1.25)
+    return max(destination.max_in_flight, min(paced, IN_FLIGHT_ROOM_MAX))
+
+
+def _queued(health: Health, fresh: bool) -> float | None:
+    """How long a fresh record waits behind the records parked by choice ahead of it, when
+    they are a long queue (``QUEUE_LONG``; ``None``: they are not, or it is not fresh)."""
+    if fresh and health.queue > QUEUE_LONG:
+        return min(health.queue - QUEUE_KEEP, QUEUE_MAX_WAIT)
     return None

@@ -79,15 +79,18 @@ class Health:
     (its oldest request out times out and its circuit hears of it); ``unproven``: one webhook's
     first requests are out unanswered; ``rate_wait``: how long the next request would wait for
     its turn under ``rate_limit``; ``paused_for``: seconds left of the pause its receiver asked
-    for (``Retry-After``); ``rate_queue``: the seconds of turns the records this process parked
-    for theirs and not yet back would take."""
+    for (``Retry-After``); ``queue``: how long the records this process parked by choice (for
+    their turns, for a free slot under ``max_in_flight``), not yet back, would take to go, at
+    its rate here, or else at the pace its receiver accepted lately (0: unknown); ``accepting``:
+    that pace, its 2xx answers a second here lately."""
 
     reopens_in: float | None = None
     silence_ends_in: float | None = None
     unproven: bool = False
     rate_wait: float = 0.0
     paused_for: float = 0.0
-    rate_queue: float = 0.0
+    queue: float = 0.0
+    accepting: float = 0.0
 
 
 def _breaker(settings: Settings) -> CircuitBreaker:
@@ -280,7 +283,8 @@ class EndpointHealth:
             self._unproven(destination),
             self.rate_wait(destination),
             self.pace.paused_for(destination.id),
-            self.rate_queue(destination),
+            self.queue(destination),
+            self.pace.accepting(destination.id),
         )
 
     def refusals(self, destination: Destination) -> list[UrlResult] | None:
@@ -384,13 +388,14 @@ class EndpointHealth:
             return 0.0
         return bucket.waiting()
 
-    def rate_queue(self, destination: Destination) -> float:
-        """How long the records this process parked for their turns to ``destination``, not
-        back yet, would take at its rate here (0: none, or no limit)."""
-        bucket = self._bucket(destination)
-        if bucket is None:
+    def queue(self, destination: Destination) -> float:
+        """``Health.queue`` of ``destination``."""
+        parked = self.pace.parked(destination.id)
+        if not parked:
             return 0.0
-        return self.pace.parked(destination.id) / bucket.rate
+        bucket = self._bucket(destination)
+        rate = bucket.rate if bucket is not None else self.pace.accepting(destination.id)
+        return parked / rate if rate > 0 else 0.0
 
     def rate_of(self, destination: Destination) -> float | None:
         """The requests per second this process sends ``destination`` at most (``None``: no

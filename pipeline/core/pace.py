@@ -258,14 +258,19 @@ class PaceBook:
         own = self._of(destination)
         own.waited += records
         if back_in > 0:
-            due = self._clock() + back_in
-            own.out.append((due + RETURN_ALLOWANCE, records, place))
-            heapq.heappush(own.due, (due, records, place))
-            own.parked += records
+            own.out.append((self._clock() + back_in + RETURN_ALLOWANCE, records, place))
+            self.queued(destination, records, back_in, place)
+
+    def queued(self, destination: str, records: int, back_in: float, place: object = None) -> None:
+        """``records`` of ``destination`` were parked by choice (for their turn, or for a free
+        slot under ``max_in_flight``) in ``place``, to come back in ``back_in`` seconds."""
+        own = self._of(destination)
+        heapq.heappush(own.due, (self._clock() + back_in, records, place))
+        own.parked += records
 
     def parked(self, destination: str) -> int:
-        """Records of ``destination`` this member parked for their turn (``waited`` with a
-        ``back_in``) that are not due back yet, but for those whose place moved."""
+        """Records of ``destination`` this member parked by choice (``queued``; ``waited`` with
+        a ``back_in``) that are not due back yet, but for those whose place moved."""
         own = self._own.get(destination)
         if own is None:
             return 0
@@ -310,6 +315,16 @@ class PaceBook:
         own.step = max(MIN_PACE / 10, own.pace * STEP)
         own.last_decrease = now
         self._changes.append(PaceChange(destination, "slowed", pace=own.pace))
+
+    def accepting(self, destination: str) -> float:
+        """The 2xx answers of ``destination`` a second here, over the last ``ACCEPTED_MEMORY``."""
+        own = self._own.get(destination)
+        if own is None:
+            return 0.0
+        recent, now = own.recent, self._clock()
+        while recent and recent[0] < now - ACCEPTED_MEMORY:
+            recent.popleft()
+        return len(recent) / ACCEPTED_MEMORY
 
     def _accepted_rate(self, destination: str, own: _Own, now: float) -> float:
         """The group's 2xx answers per second: this member's most in an ``ACCEPTED_WINDOW`` of

@@ -132,8 +132,8 @@ class RetrySchedule:
 
     @property
     def longest_wait(self) -> float:
-        """The longest a parked record waits (the last tier's delay): longer, it would hold
-        back the records behind it."""
+        """The longest a record waits in a tier by choice (the last tier's delay): longer, it
+        would hold back the records behind it."""
         return max(self.tier_delays if self.tier_delays is not None else self.delays)
 
     def may_attempt(self, *, first_attempt_at: float | None, now: float) -> bool:

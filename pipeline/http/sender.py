@@ -49,7 +49,7 @@ from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_head
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
 from pipeline.http.oauth2 import TokenError, Tokens
 from pipeline.http.request_tracing import passed_on, traced_post
-from pipeline.http.slots import Slots
+from pipeline.http.slots import OutSlots, Slots
 from pipeline.runtime import tracing
 from pipeline.runtime.awake_clock import AwakeClock
 from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
@@ -142,6 +142,7 @@ class WebhookSender:
         #: Requests without TLS settings or a proxy of their own, with PIPELINE_HTTP_CLIENT=reqwest.
         self._reqwest: ReqwestPoster | None = None
         self._slots: dict[str, Slots] = {}
+        self._out = OutSlots()
         self._targets: dict[str, _Target] = {}
         self._tls: dict[ClientTls, tuple[float, ssl.SSLContext | str]] = {}
         self._tokens = Tokens(self._post_form)
@@ -248,48 +249,53 @@ class WebhookSender:
             paused = None if final else self.health.paused_refusals(destination)
             if paused is not None:
                 return paused
-        signed = self.signed_headers(destination, body, message_id)
-        tls = self.tls_of(destination)
-        proxy = self.proxy_of(destination)
-        hooks = destination.webhooks
-        oauth, token = destination.oauth2, None
-        if oauth is not None:
-            try:
-                token = await self._tokens.token(oauth)
-            except TokenError as exc:  # no request without its token: retried as auth_error
-                detail = str(exc)[:_DETAIL_CHARS]
-                return [UrlResult(h.url, failure=Failure.AUTH_ERROR, detail=detail) for h in hooks]
-            signed = {**signed, "Authorization": f"Bearer {token}"}
+        async with self._out.of(destination):  # max_in_flight out; admission bounds who waits
+            signed = self.signed_headers(destination, body, message_id)
+            tls = self.tls_of(destination)
+            proxy = self.proxy_of(destination)
+            hooks = destination.webhooks
+            oauth, token = destination.oauth2, None
+            if oauth is not None:
+                try:
+                    token = await self._tokens.token(oauth)
+                except TokenError as exc:  # no request without its token: retried as auth_error
+                    detail = str(exc)[:_DETAIL_CHARS]
+                    return [
+                        UrlResult(h.url, failure=Failure.AUTH_ERROR, detail=detail) for h in hooks
+                    ]
+                signed = {**signed, "Authorization": f"Bearer {token}"}
 
-        def post(url: str, headers: dict[str, str]) -> Awaitable[UrlResult]:
-            if not trace or not tracing.recording(trace):  # no span: the context passes on
-                if trace and destination.trace_context:
-                    headers = passed_on(headers, trace)
-                return self._guarded_post(url, headers, body, final, tls, proxy)
-            return traced_post(
-                lambda sent: self._guarded_post(url, sent, body, final, tls, proxy),
-                url,
-                headers,
-                trace,
-                resends,
-                {"pipeline.destination": destination.id, "pipeline.message_id": message_id},
-                destination.trace_context,
-            )
-
-        if len(hooks) == 1:  # the common case: no gather, no extra task
-            hook = hooks[0]
-            results = [await post(hook.url, merged_headers(hook.headers, signed))]
-        else:
-            results = list(
-                await asyncio.gather(
-                    *(post(hook.url, merged_headers(hook.headers, signed)) for hook in hooks)
+            def post(url: str, headers: dict[str, str]) -> Awaitable[UrlResult]:
+                if not trace or not tracing.recording(trace):  # no span: the context passes on
+                    if trace and destination.trace_context:
+                        headers = passed_on(headers, trace)
+                    return self._guarded_post(url, headers, body, final, tls, proxy)
+                return traced_post(
+                    lambda sent: self._guarded_post(url, sent, body, final, tls, proxy),
+                    url,
+                    headers,
+                    trace,
+                    resends,
+                    {"pipeline.destination": destination.id, "pipeline.message_id": message_id},
+                    destination.trace_context,
                 )
-            )
-        if token is not None and any(result.status == 401 for result in results):
-            assert oauth is not None
-            results = await self._with_a_new_token(destination, oauth, token, results, signed, post)
-        self.health.answered(destination, results)
-        return results
+
+            if len(hooks) == 1:  # the common case: no gather, no extra task
+                hook = hooks[0]
+                results = [await post(hook.url, merged_headers(hook.headers, signed))]
+            else:
+                results = list(
+                    await asyncio.gather(
+                        *(post(hook.url, merged_headers(hook.headers, signed)) for hook in hooks)
+                    )
+                )
+            if token is not None and any(result.status == 401 for result in results):
+                assert oauth is not None
+                results = await self._with_a_new_token(
+                    destination, oauth, token, results, signed, post
+                )
+            self.health.answered(destination, results)
+            return results
 
     async def _with_a_new_token(
         self,

@@ -1,4 +1,5 @@
-"""A host's connection slots: first come, first served, and a waiter can be let go early.
+"""A host's connection slots: first come, first served, and a waiter can be let go early; and a
+destination's ``max_in_flight`` requests out (``OutSlots``).
 
 ``WebhookSender`` has at most ``max_connections_per_host`` requests out to one host. A record
 waiting for a slot behind a hanging endpoint should not hold its worker's in-flight slot for the
@@ -22,10 +23,13 @@ cost the worker a measurable share of its CPU per call. Here one check per host,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["Slots"]
+from pipeline.core.config import Destination
+
+__all__ = ["Slots", "OutSlots"]
 
 #: Asked while the waiter waits: ``True`` lets it go without a slot.
 GiveUp = Callable[[], bool]
@@ -41,6 +45,12 @@ class Slots:
         self._waiters: deque[tuple[asyncio.Future[bool], GiveUp | None]] = deque()
         self._interval = interval
         self._check: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.release()
 
     def locked(self) -> bool:
         """Every slot is taken (a new ``acquire`` waits)."""
@@ -96,3 +106,25 @@ class Slots:
             self._waiters = deque(waiter for waiter in self._waiters if not waiter[0].done())
         if checked:
             self._check = asyncio.get_running_loop().call_later(self._interval, self._let_go)
+
+
+class OutSlots:
+    """Each destination's ``max_in_flight`` requests out at a time, in its own ``Slots``: the
+    records past it wait for one (how many, ``admission.in_flight_room`` says)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, tuple[int, Slots]] = {}
+
+    def of(self, destination: Destination) -> contextlib.AbstractAsyncContextManager[object]:
+        """``destination``'s slots, to hold while its requests are out (none to take: no limit,
+        or a batching destination's, which admission counts in calls, not requests)."""
+        limit = destination.max_in_flight
+        if limit is None or destination.batch is not None:
+            return _NO_SLOT
+        found = self._of.get(destination.id)
+        if found is None or found[0] != limit:  # a new limit: the requests out keep theirs
+            found = self._of[destination.id] = (limit, Slots(limit, interval=1.0))
+        return found[1]
+
+
+_NO_SLOT = contextlib.nullcontext()

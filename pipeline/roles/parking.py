@@ -215,8 +215,10 @@ class ParkPlan(NamedTuple):
 
 
 class _Waiting:
-    """The counter of records parked for their turn: they count as waiting in the pace's
-    demand too (``PaceBook.waited``), which sets this process's share of the rate limit."""
+    """The counter of records parked by choice: parked for their turn (in ``place``), they
+    count as waiting in the pace's demand too (``PaceBook.waited``), which sets this process's
+    share of the rate limit; for a free slot (no ``place``), in its queue only
+    (``PaceBook.queued``)."""
 
     __slots__ = ("_counter", "_pace", "_destination", "_due", "_place")
 
@@ -226,7 +228,7 @@ class _Waiting:
         pace: PaceBook,
         destination: str,
         due: float,
-        place: tuple[str, int],
+        place: tuple[str, int] | None = None,
     ) -> None:
         self._counter = counter
         self._pace = pace
@@ -237,7 +239,10 @@ class _Waiting:
     def inc(self, amount: int = 1) -> None:
         self._counter.inc(amount)
         back_in = self._due - time.time()
-        self._pace.waited(self._destination, amount, back_in, self._place)
+        if self._place is None:
+            self._pace.queued(self._destination, amount, back_in)
+        else:
+            self._pace.waited(self._destination, amount, back_in, self._place)
 
 
 class Parking:
@@ -327,6 +332,8 @@ class Parking:
             if self.holds_place(place):
                 due = park.not_before / 1000
                 counter = _Waiting(counter, self.health.pace, destination, due, place)
+        elif park.reason is ParkReason.IN_FLIGHT:  # comes back by key: anywhere
+            counter = _Waiting(counter, self.health.pace, destination, park.not_before / 1000)
         waits = wait_header(park.reason)
         return ParkPlan(topic, [header, waits], counter, park.carries_probe, partition)
 
@@ -424,8 +431,7 @@ class ParkingBatch:
         return self.admit(destination, window_of(record), undecoded=False, fresh=record.tier < 0)
 
     def _health(self, destination: Destination) -> Health:
-        """``destination``'s health as of this batch, its ``rate_wait`` and ``rate_queue`` as of
-        now."""
+        """``destination``'s health as of this batch, its ``rate_wait`` and ``queue`` as of now."""
         health = self._parking.health
         found = self._healths.get(destination.id)
         if found is None:
@@ -433,8 +439,8 @@ class ParkingBatch:
             return found
         wait = health.rate_wait(destination)
         if wait != found.rate_wait:
-            queue = health.rate_queue(destination)
-            found = self._healths[destination.id] = replace(found, rate_wait=wait, rate_queue=queue)
+            queue = health.queue(destination)
+            found = self._healths[destination.id] = replace(found, rate_wait=wait, queue=queue)
         return found
 
     def park(

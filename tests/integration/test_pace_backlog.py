@@ -1,5 +1,6 @@
-"""A long backlog of a rate-limited destination (``admission.RATE_QUEUE_LONG``): it goes round the
-retry tier once, not twice a second all of it, and the receiver still sees the limit.
+"""A long backlog of a destination that waits by choice (``admission.QUEUE_LONG``): its
+``rate_limit`` or its ``max_in_flight``. It goes round the retry tier once a minute, not all of it
+once or twice a second, and the receiver still gets what the destination allows.
 
 Real broker, a real worker process, a real HTTP receiver on 127.0.0.1.
 """
@@ -17,13 +18,35 @@ LIMIT = 5.0
 BACKLOG = 4000  # 800 s of turns
 
 
-def rate_limited_parkings(port: int) -> float:
+#: The suite's tiers wait 1 s and 2 s, and its deadline is 8 s (a wait is never past a record's
+#: last slot): a long wait needs a tier and a deadline that cover it.
+LONG_TIERS = {"PIPELINE_RETRY_DELAYS": "1s,60s", "PIPELINE_RETRY_DEADLINE": "600s"}
+
+
+def parkings(port: int, reason: str = "rate_limited") -> float:
     samples = try_scrape(port) or {}
     return sum(
         value
         for (name, labels), value in samples.items()
-        if name == "pipeline_parked_total" and ("reason", "rate_limited") in labels
+        if name == "pipeline_parked_total" and ("reason", reason) in labels
     )
+
+
+def parked_and_delivered(port: int, receiver: Any, reason: str) -> tuple[float, float]:
+    """Once the backlog was parked once: the records parked again a second, and the calls
+    delivered a second, over six seconds."""
+    wait_for(lambda: parkings(port, reason) >= BACKLOG * 0.9, timeout=60, interval=0.2)
+    time.sleep(3.0)  # the last of the backlog read and parked once
+    parked, delivered, started = parkings(port, reason), len(receiver.requests), time.time()
+    time.sleep(6.0)
+    elapsed = time.time() - started
+    parked_rate = (parkings(port, reason) - parked) / elapsed
+    delivered_rate = (len(receiver.requests) - delivered) / elapsed
+    print(
+        f"a backlog of {BACKLOG} ({reason}): {parked_rate:.0f} records parked again a second, "
+        f"{delivered_rate:.1f} delivered a second"
+    )
+    return parked_rate, delivered_rate
 
 
 def test_a_long_backlog_of_a_limited_destination_is_not_parked_again_and_again(
@@ -36,22 +59,32 @@ def test_a_long_backlog_of_a_limited_destination_is_not_parked_again_and_again(
     second than the backlog holds, and the receiver gets the limit."""
     receiver = receiver_factory(lambda _body: 200)
     apply(settings, simple_config(receiver.url, rate_limit=LIMIT))
-    # The suite's tiers wait 1 s and 2 s, and its deadline is 8 s (a wait is never past a
-    # record's last slot): a long wait needs a tier and a deadline that cover it.
-    env = {"PIPELINE_RETRY_DELAYS": "1s,60s", "PIPELINE_RETRY_DEADLINE": "600s"}
-    [port] = workers(process_factory, settings, 1, env=env)
+    [port] = workers(process_factory, settings, 1, env=LONG_TIERS)
     wait_for(lambda: held(port).get("deliver", 0.0) == settings.partitions, timeout=60)
     send_calls(settings, calls(BACKLOG), "wk")
-    wait_for(lambda: rate_limited_parkings(port) >= BACKLOG * 0.9, timeout=60, interval=0.2)
-    time.sleep(3.0)  # the last of the backlog read and parked once
-    parked, delivered, started = rate_limited_parkings(port), len(receiver.requests), time.time()
-    time.sleep(6.0)
-    elapsed = time.time() - started
-    parked_rate = (rate_limited_parkings(port) - parked) / elapsed
-    delivered_rate = (len(receiver.requests) - delivered) / elapsed
-    print(
-        f"a backlog of {BACKLOG} at {LIMIT:g}/s: {parked_rate:.0f} records parked again a "
-        f"second, {delivered_rate:.1f} delivered a second"
-    )
+    parked_rate, delivered_rate = parked_and_delivered(port, receiver, "rate_limited")
     assert parked_rate < BACKLOG / 2
     assert LIMIT * 0.6 <= delivered_rate <= LIMIT * 1.4
+
+
+def test_a_long_backlog_at_max_in_flight_is_not_parked_again_every_second(
+    settings: Any, receiver_factory: Any, process_factory: Any
+) -> None:
+    """4,000 calls for a destination with ``max_in_flight: 2`` whose receiver takes 0.2 s a
+    request (10/s). Parked for a free slot a second at a time, all of them came back and were
+    parked again every second (3,984 a second), and it got 2 a second: two slots' worth of
+    each wave. Now a second's worth at its pace waits in memory for a slot, and, once its pace
+    is known (its 2xx answers of the last 3 s), the records behind 30 s of it wait behind
+    them; never more than two requests are out."""
+    receiver = receiver_factory(200, delay=0.2)
+    apply(settings, simple_config(receiver.url, max_in_flight=2))
+    [port] = workers(process_factory, settings, 1, env=LONG_TIERS)
+    wait_for(lambda: held(port).get("deliver", 0.0) == settings.partitions, timeout=60)
+    send_calls(settings, calls(BACKLOG), "wk")
+    parked_rate, delivered_rate = parked_and_delivered(port, receiver, "in_flight")
+    assert parked_rate < BACKLOG / 2
+    assert 6.0 <= delivered_rate <= 10.5  # two at a time, 0.2 s each at least
+    with receiver.lock:
+        arrivals = sorted(r.at for r in receiver.requests)
+    # Each request is answered 0.2 s after it arrived: three within 0.19 s would be three out.
+    assert all(later - first >= 0.19 for first, later in zip(arrivals, arrivals[2:], strict=False))

@@ -11,8 +11,9 @@ from pipeline.core.admission import (
     FRESH,
     IN_FLIGHT_WAIT,
     MIN_PARK_WAIT,
-    RATE_QUEUE_KEEP,
-    RATE_QUEUE_LONG,
+    QUEUE_KEEP,
+    QUEUE_LONG,
+    QUEUE_MAX_WAIT,
     RATE_WAIT_IN_FLIGHT,
     SILENT_WAIT,
     Attempt,
@@ -62,8 +63,17 @@ CASES: list[tuple[str, Any, Health, int, Window, float, Limits, Any]] = [
      Attempt(T0_MS, DEADLINE_MS, final=False)),
     ("the last slot goes through open circuits", HOOKS, Health(reopens_in=30.0), 0, STAMPED,
      T0 + 999.0, LIMITS, Attempt(T0_MS, DEADLINE_MS, final=True)),
-    ("max_in_flight taken", LIMITED, HEALTHY, 2, STAMPED, T0 + 70, LIMITS,
+    # Past max_in_flight (2), as many more wait for a slot while its receiver's pace is unknown,
+    # and as many as free up in a second at its pace (1.25 x) when it is known.
+    ("max_in_flight taken, and as many waiting", LIMITED, HEALTHY, 4, STAMPED, T0 + 70, LIMITS,
      Park(ParkReason.IN_FLIGHT, 0, int((T0 + 70 + IN_FLIGHT_WAIT) * 1000), T0_MS, DEADLINE_MS)),
+    ("max_in_flight taken: it waits for a slot", LIMITED, HEALTHY, 3, STAMPED, T0 + 70, LIMITS,
+     Attempt(T0_MS, DEADLINE_MS, final=False)),
+    ("max_in_flight taken, a second's worth waiting", LIMITED, Health(accepting=8.0), 12,
+     STAMPED, T0 + 70, LIMITS,
+     Park(ParkReason.IN_FLIGHT, 0, int((T0 + 70 + IN_FLIGHT_WAIT) * 1000), T0_MS, DEADLINE_MS)),
+    ("max_in_flight taken, less than a second's worth waiting", LIMITED, Health(accepting=8.0),
+     11, STAMPED, T0 + 70, LIMITS, Attempt(T0_MS, DEADLINE_MS, final=False)),
     ("max_in_flight not taken", LIMITED, HEALTHY, 1, STAMPED, T0 + 70, LIMITS,
      Attempt(T0_MS, DEADLINE_MS, final=False)),
     ("every circuit open: the first carries the probe", HOOKS, Health(reopens_in=30.0), 0, FRESH,
@@ -100,7 +110,7 @@ CASES: list[tuple[str, Any, Health, int, Window, float, Limits, Any]] = [
      Park(ParkReason.RATE_LIMITED, 0, T0_MS + 350, None, None)),
     ("its receiver asked for a pause", HOOKS, Health(paused_for=30.0), 0, FRESH, T0, LIMITS,
      Park(ParkReason.BACK_OFF, 1, T0_MS + 30_000, None, None)),
-    ("max_in_flight taken, never attempted", LIMITED, HEALTHY, 2, FRESH, T0, LIMITS,
+    ("max_in_flight taken, never attempted", LIMITED, HEALTHY, 4, FRESH, T0, LIMITS,
      Park(ParkReason.IN_FLIGHT, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), None, None)),
     ("its turn near: attempted (it waits in flight)", HOOKS,
      Health(rate_wait=RATE_WAIT_IN_FLIGHT), 0, FRESH, T0, LIMITS,
@@ -152,24 +162,38 @@ def test_only_the_reasons_asked_for_park() -> None:
 
 
 def test_a_fresh_record_behind_a_long_queue_of_parked_ones_waits_behind_them() -> None:
-    """A fresh record whose turn is off, with 60 s of turns parked here already, comes back
-    with ``RATE_QUEUE_KEEP`` of them still ahead, in the tier whose delay covers the wait (a
-    backlog goes round the tier once); a record back from a tier, or behind a short queue,
-    comes back within half a second; and no wait goes past the last tier's delay."""
-    queued = Health(rate_wait=4.0, rate_queue=60.0)
+    """A fresh record whose turn is off, with 50 s of turns parked here already, comes back
+    with ``QUEUE_KEEP`` of them still ahead, in the tier whose delay covers the wait (a backlog
+    goes round the tier once); a record back from a tier, or behind a short queue, comes back
+    within half a second; and no wait is longer than ``QUEUE_MAX_WAIT`` or the last tier's
+    delay."""
+    queued = Health(rate_wait=4.0, queue=50.0)
     far = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
     assert far == Park(
-        ParkReason.RATE_LIMITED, 1, T0_MS + int((60.0 - RATE_QUEUE_KEEP) * 1000), None, None
+        ParkReason.RATE_LIMITED, 1, T0_MS + int((50.0 - QUEUE_KEEP) * 1000), None, None
     )
     again = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS)  # back from a tier
     assert again == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
-    short = Health(rate_wait=4.0, rate_queue=RATE_QUEUE_LONG)
+    short = Health(rate_wait=4.0, queue=QUEUE_LONG)
     near = admit(HOOKS, short, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
     assert near == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
-    endless = Health(rate_wait=4.0, rate_queue=10_000.0)
+    endless = Health(rate_wait=4.0, queue=10_000.0)
     capped = admit(HOOKS, endless, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
-    assert capped == Park(ParkReason.RATE_LIMITED, 1, T0_MS + 60_000, None, None)
-    turn_near = Health(rate_wait=RATE_WAIT_IN_FLIGHT, rate_queue=100.0)
+    assert capped == Park(
+        ParkReason.RATE_LIMITED, 1, T0_MS + int(QUEUE_MAX_WAIT * 1000), None, None
+    )
+    short_tiers = RetrySchedule(delays=(1.0, 2.0), deadline=1000.0, jitter=0.0)
+    in_short = admit(HOOKS, endless, 0, FRESH, short_tiers, T0, LIMITS, fresh=True)
+    assert in_short == Park(ParkReason.RATE_LIMITED, 1, T0_MS + 2000, None, None)
+    turn_near = Health(rate_wait=RATE_WAIT_IN_FLIGHT, queue=100.0)
     assert admit(HOOKS, turn_near, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True) == Attempt(
         T0_MS, DEADLINE_MS, final=False
     )
+
+
+def test_a_fresh_record_at_max_in_flight_behind_a_long_queue_waits_behind_it() -> None:
+    queued = Health(queue=40.0)
+    far = admit(LIMITED, queued, 4, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    assert far == Park(ParkReason.IN_FLIGHT, 1, T0_MS + int((40.0 - QUEUE_KEEP) * 1000), None, None)
+    again = admit(LIMITED, queued, 4, FRESH, SCHEDULE, T0, LIMITS)
+    assert again == Park(ParkReason.IN_FLIGHT, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), None, None)

@@ -405,7 +405,7 @@ def test_the_bucket_follows_the_lowered_pace_and_the_share() -> None:
     assert health.snapshot(HOOKS).paused_for == pytest.approx(20.0)
 
 
-def test_the_queue_parked_here_is_in_seconds_of_this_process_turns() -> None:
+def test_the_queue_parked_here_is_in_seconds_of_this_process_pace() -> None:
     clocks = Clocks()
     pace = PaceBook("a", wall=clocks.wall, clock=clocks.mono)
     health = EndpointHealth(Settings(), clock=clocks.mono, pace=pace)
@@ -413,6 +413,12 @@ def test_the_queue_parked_here_is_in_seconds_of_this_process_turns() -> None:
     health.set_share("retry", 0.5)  # half the partitions: 20/s of 40
     pace.waited("hooks", 400, back_in=30.0, place=("t0", 0))
     assert health.rate_of(HOOKS) == 20.0
-    assert health.snapshot(HOOKS).rate_queue == pytest.approx(20.0)
+    assert health.snapshot(HOOKS).queue == pytest.approx(20.0)
+    # Unlimited (at its max_in_flight): at the pace its receiver accepted lately, if known.
     unlimited = HOOKS.model_copy(update={"rate_limit": None})
-    assert health.rate_queue(unlimited) == 0.0
+    assert health.queue(unlimited) == 0.0
+    for _ in range(30):
+        pace.answered("hooks", 200, None)
+    assert pace.accepting("hooks") == pytest.approx(10.0)  # 30 in the last 3 s
+    pace.queued("hooks", 100, back_in=30.0)
+    assert health.queue(unlimited) == pytest.approx(50.0)  # 500 records at 10/s

@@ -1,14 +1,17 @@
-"""``Slots``: a host's connection slots, first come first served, with waiters let go early."""
+"""``Slots``: a host's connection slots, first come first served, with waiters let go early;
+``OutSlots``: a destination's ``max_in_flight``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from pipeline.http.slots import Slots
+from pipeline.core.config import Batch, Destination
+from pipeline.http.slots import OutSlots, Slots
 
 
 def run(test: Callable[[], Awaitable[Any]]) -> Any:
@@ -167,3 +170,31 @@ def test_waiters_sharing_a_give_up_are_judged_by_one_call_a_check() -> None:
         assert await asyncio.wait_for(other, 1) is True
 
     run(test)
+
+
+HOOKS = Destination(id="hooks", sources=["s"], webhooks=[{"url": "https://a.example/"}])  # type: ignore[list-item]
+
+
+def test_a_destinations_max_in_flight_is_held_while_its_requests_are_out() -> None:
+    out = OutSlots()
+    limited = HOOKS.model_copy(update={"max_in_flight": 2})
+    assert isinstance(out.of(HOOKS), contextlib.nullcontext)  # no limit: nothing to take
+    batching = limited.model_copy(update={"batch": Batch(max_events=2)})
+    assert isinstance(out.of(batching), contextlib.nullcontext)  # counted in calls, not here
+    slots = out.of(limited)
+    assert isinstance(slots, Slots) and out.of(limited) is slots
+    assert out.of(limited.model_copy(update={"max_in_flight": 3})) is not slots  # a new limit
+    order: list[str] = []
+
+    async def request(name: str, slots: Any) -> None:
+        async with slots:
+            order.append(f"{name} out")
+            await asyncio.sleep(0.01)
+            order.append(f"{name} answered")
+
+    async def three() -> None:
+        slots = OutSlots().of(limited)
+        await asyncio.gather(*(request(name, slots) for name in "abc"))
+
+    run(three)
+    assert order.index("c out") > min(order.index("a answered"), order.index("b answered"))
