@@ -12,9 +12,9 @@ its endpoints, what is in flight, and the time. Pure logic.
   until it can (``park_reasons``, in the order they are asked: its receiver asked for a pause
   (``Retry-After``), its ``max_in_flight`` taken, every webhook's circuit open, every webhook
   silent, its first requests unanswered with as many records out as its host has connections,
-  its turn under ``rate_limit`` more than half a second off: back within half a second; a fresh
-  record that waits by choice (``max_in_flight``, ``rate_limit``) behind a long queue of parked
-  ones comes back once the queue ahead of it is short, ``QUEUE_LONG``);
+  its turn under ``rate_limit`` more than half a second off: back within half a second; a record
+  that waits by choice (``max_in_flight``, ``rate_limit``) while enough records come back soon
+  to keep it busy comes back later, ``QUEUE_LONG``);
 - ``Refused``: with parking off, every webhook's circuit is open: the attempt is concluded from
   their refusals without a request (a retry).
 
@@ -81,13 +81,16 @@ RATE_WAIT_IN_FLIGHT = 0.5
 #: report (``pace.INTERVAL``), and a turn reckoned at a small share would be late at a larger one.
 RATE_PARK_LEAD = 0.25
 RATE_PARK_MAX = 0.5
-#: A fresh record (never parked) that waits by choice (its turn under ``rate_limit``, a free slot
-#: under ``max_in_flight``) behind this many seconds of records parked here for the same waits
-#: (``Health.queue``) waits behind them, to come back with ``QUEUE_KEEP`` of them still ahead,
-#: ``QUEUE_MAX_WAIT`` at most (a raised ``rate_limit`` or a faster receiver is heard by then),
-#: in the tier whose delay covers the wait: a long backlog goes round the tier once a minute,
-#: not all of it twice a second (30,000 calls at 10/s: 96,000 records parked again a second,
-#: 54 MB/s written to the tier) or, at its ``max_in_flight``, once a second.
+#: A record that waits by choice (its turn under ``rate_limit``, a free slot under
+#: ``max_in_flight``) while the records parked here to come back within a second or two (the
+#: queue's head, ``Health.queue``) hold this many seconds of its destination's pace waits
+#: longer: until ``QUEUE_KEEP`` is left of all those parked here ahead of it
+#: (``Health.behind``), at most ``QUEUE_MAX_WAIT`` (a raised
+#: ``rate_limit`` or a faster receiver is heard by then), in the tier whose delay covers the
+#: wait, never past the last's. So the head holds 30 s of the pace, and the rest of a long
+#: backlog goes round the tier once a minute, not all of it twice a second (30,000 calls at
+#: 10/s: 96,000 records parked again a second, 54 MB/s written to the tier) or, at its
+#: ``max_in_flight``, once a second.
 QUEUE_LONG = 30.0
 QUEUE_KEEP = 15.0
 QUEUE_MAX_WAIT = 60.0
@@ -120,7 +123,7 @@ class ParkReason(enum.StrEnum):
 #: a backlog longer than the window drains at the chosen pace rather than have its final attempts
 #: break it (or be dead-lettered). A failure's wait (an open circuit, silence) starts it.
 WAITS_BY_CHOICE = frozenset({ParkReason.BACK_OFF, ParkReason.IN_FLIGHT, ParkReason.RATE_LIMITED})
-#: The waits a fresh record may make behind a queue (``QUEUE_LONG``).
+#: The waits a record may make behind a queue (``QUEUE_LONG``).
 QUEUED = frozenset({ParkReason.IN_FLIGHT, ParkReason.RATE_LIMITED})
 
 
@@ -203,13 +206,11 @@ def admit(
     *,
     probe_carried_at: float | None = None,
     reasons: frozenset[ParkReason] | None = None,
-    fresh: bool = False,
 ) -> Admission:
     """What becomes of a due record of ``destination`` (``None``: deleted) at ``now`` (epoch
     seconds). ``health``: the destination's (``EndpointHealth.snapshot``); ``in_flight``: its
     records being attempted here; ``probe_carried_at``: the reopening a parked record already
-    comes back for, to carry the probe; ``reasons``: park only for these; ``fresh``: it was
-    never parked (it may wait behind a queue, ``QUEUE_LONG``)."""
+    comes back for, to carry the probe; ``reasons``: park only for these."""
     if destination is None:
         return Reject(DeadLetterReason.DESTINATION_DELETED)
     if not destination.enabled:
@@ -223,7 +224,7 @@ def admit(
         deadline = int(schedule.deadline_at(first / 1000) * 1000)
     if now >= schedule.last_slot(first / 1000):
         return Attempt(first, deadline, final=True)
-    why = _park_reason(destination, health, in_flight, limits, fresh)
+    why = _park_reason(destination, health, in_flight, limits)
     if why is not None and (reasons is None or why[0] in reasons):
         reason, wait = why
         if reason in QUEUED:  # behind a queue: never past the last tier's delay
@@ -248,7 +249,7 @@ def admit(
 
 
 def _park_reason(
-    destination: Destination, health: Health, in_flight: int, limits: Limits, fresh: bool
+    destination: Destination, health: Health, in_flight: int, limits: Limits
 ) -> tuple[ParkReason, float] | None:
     """Why (and for how many seconds) records for ``destination`` should wait rather than be
     attempted now."""
@@ -258,7 +259,7 @@ def _park_reason(
         return ParkReason.BACK_OFF, max(MIN_PARK_WAIT, health.paused_for)
     limit = destination.max_in_flight
     if limit is not None and in_flight >= limit + in_flight_room(destination, health):
-        return ParkReason.IN_FLIGHT, _queued(health, fresh) or IN_FLIGHT_WAIT
+        return ParkReason.IN_FLIGHT, _queued(health) or IN_FLIGHT_WAIT
     if health.reopens_in is not None:
         return ParkReason.CIRCUIT_OPEN, max(MIN_PARK_WAIT, health.reopens_in)
     if health.silence_ends_in is not None:
@@ -270,7 +271,7 @@ def _park_reason(
         return ParkReason.UNANSWERED, IN_FLIGHT_WAIT
     if health.rate_wait > RATE_WAIT_IN_FLIGHT:
         wait = min(max(health.rate_wait - RATE_PARK_LEAD, RATE_PARK_LEAD), RATE_PARK_MAX)
-        return ParkReason.RATE_LIMITED, _queued(health, fresh) or wait
+        return ParkReason.RATE_LIMITED, _queued(health) or wait
     return None
 
 
@@ -291,9 +292,9 @@ def in_flight_room(destination: Destination, health: Health) -> int:
     return max(destination.max_in_flight, min(paced, IN_FLIGHT_ROOM_MAX))
 
 
-def _queued(health: Health, fresh: bool) -> float | None:
-    """How long a fresh record waits behind the records parked by choice ahead of it, when
-    they are a long queue (``QUEUE_LONG``; ``None``: they are not, or it is not fresh)."""
-    if fresh and health.queue > QUEUE_LONG:
-        return min(health.queue - QUEUE_KEEP, QUEUE_MAX_WAIT)
+def _queued(health: Health) -> float | None:
+    """How long a record waits behind the records parked by choice ahead of it, when their
+    head is long (``QUEUE_LONG``; ``None``: it is not)."""
+    if health.queue > QUEUE_LONG:
+        return min(health.behind - QUEUE_KEEP, QUEUE_MAX_WAIT)  # behind >= queue: over 15 s
     return None

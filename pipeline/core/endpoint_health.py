@@ -80,9 +80,10 @@ class Health:
     first requests are out unanswered; ``rate_wait``: how long the next request would wait for
     its turn under ``rate_limit``; ``paused_for``: seconds left of the pause its receiver asked
     for (``Retry-After``); ``queue``: how long the records this process parked by choice (for
-    their turns, for a free slot under ``max_in_flight``), not yet back, would take to go, at
-    its rate here, or else at the pace its receiver accepted lately (0: unknown); ``accepting``:
-    that pace, its 2xx answers a second here lately."""
+    their turns, for a free slot under ``max_in_flight``) to come back within a second or two
+    (the queue's head), not yet back, would take to go, at its rate here, or else at the pace
+    its receiver accepted lately (0: unknown); ``behind``: the same of all it parked by choice;
+    ``accepting``: that pace, its 2xx answers a second here lately."""
 
     reopens_in: float | None = None
     silence_ends_in: float | None = None
@@ -90,6 +91,7 @@ class Health:
     rate_wait: float = 0.0
     paused_for: float = 0.0
     queue: float = 0.0
+    behind: float = 0.0
     accepting: float = 0.0
 
 
@@ -283,7 +285,7 @@ class EndpointHealth:
             self._unproven(destination),
             self.rate_wait(destination),
             self.pace.paused_for(destination.id),
-            self.queue(destination),
+            *self.queue(destination),
             self.pace.accepting(destination.id),
         )
 
@@ -388,14 +390,14 @@ class EndpointHealth:
             return 0.0
         return bucket.waiting()
 
-    def queue(self, destination: Destination) -> float:
-        """``Health.queue`` of ``destination``."""
-        parked = self.pace.parked(destination.id)
+    def queue(self, destination: Destination) -> tuple[float, float]:
+        """``Health.queue`` and ``Health.behind`` of ``destination``."""
+        head, parked = self.pace.parked(destination.id)
         if not parked:
-            return 0.0
+            return 0.0, 0.0
         bucket = self._bucket(destination)
         rate = bucket.rate if bucket is not None else self.pace.accepting(destination.id)
-        return parked / rate if rate > 0 else 0.0
+        return (head / rate, parked / rate) if rate > 0 else (0.0, 0.0)
 
     def rate_of(self, destination: Destination) -> float | None:
         """The requests per second this process sends ``destination`` at most (``None``: no

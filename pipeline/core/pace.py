@@ -83,6 +83,8 @@ ACCEPTED_MEMORY = 3.0
 #: A record parked for its turn is counted out, in its member's demand, until this long after
 #: it is due (its way back through the retry tier).
 RETURN_ALLOWANCE = 0.5
+#: A record parked by choice to come back within this long is at its queue's head (``parked``).
+HEAD_WAIT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +185,12 @@ class _Own:
     out: list[tuple[float, int, object]] = field(default_factory=list)
     #: How many of them were still out when this interval began.
     carried: int = 0
-    #: The same parkings by when each is due (no allowance; a heap), and their records.
-    due: list[tuple[float, int, object]] = field(default_factory=list)
-    parked: int = 0
+    #: Parkings by choice (``queued``) by when each is due (no allowance; heaps), and their
+    #: records: those back within ``HEAD_WAIT`` (the queue's head), and the others.
+    head: list[tuple[float, int, object]] = field(default_factory=list)
+    head_count: int = 0
+    rest: list[tuple[float, int, object]] = field(default_factory=list)
+    rest_count: int = 0
     accepted: int = 0
     #: When each 2xx answer of the last ``ACCEPTED_MEMORY`` came (monotonic seconds).
     recent: deque[float] = field(default_factory=deque)
@@ -265,19 +270,28 @@ class PaceBook:
         """``records`` of ``destination`` were parked by choice (for their turn, or for a free
         slot under ``max_in_flight``) in ``place``, to come back in ``back_in`` seconds."""
         own = self._of(destination)
-        heapq.heappush(own.due, (self._clock() + back_in, records, place))
-        own.parked += records
+        entry = (self._clock() + back_in, records, place)
+        if back_in <= HEAD_WAIT:
+            heapq.heappush(own.head, entry)
+            own.head_count += records
+        else:
+            heapq.heappush(own.rest, entry)
+            own.rest_count += records
 
-    def parked(self, destination: str) -> int:
+    def parked(self, destination: str) -> tuple[int, int]:
         """Records of ``destination`` this member parked by choice (``queued``; ``waited`` with
-        a ``back_in``) that are not due back yet, but for those whose place moved."""
+        a ``back_in``) that are not due back yet, but for those whose place moved: at the head
+        of its queue (back within ``HEAD_WAIT`` when parked), and in all."""
         own = self._own.get(destination)
         if own is None:
-            return 0
-        due, now = own.due, self._clock()
-        while due and due[0][0] <= now:
-            own.parked -= heapq.heappop(due)[1]
-        return own.parked
+            return 0, 0
+        now = self._clock()
+        head, rest = own.head, own.rest
+        while head and head[0][0] <= now:
+            own.head_count -= heapq.heappop(head)[1]
+        while rest and rest[0][0] <= now:
+            own.rest_count -= heapq.heappop(rest)[1]
+        return own.head_count, own.head_count + own.rest_count
 
     def moved(self, places: Iterable[object]) -> None:
         """``places`` went to another member (a rebalance): what was parked there comes back
@@ -434,10 +448,13 @@ class PaceBook:
             elif own.pace is not None and not own.throttled and stepping:
                 self._step_up(destination, own, limits.get(destination))
             own.out = [out for out in own.out if out[0] > now and out[2] not in moved]
-            if moved and own.due:
-                own.due = [due for due in own.due if due[2] not in moved]
-                heapq.heapify(own.due)
-                own.parked = sum(due[1] for due in own.due)
+            if moved and (own.head or own.rest):
+                own.head = [due for due in own.head if due[2] not in moved]
+                own.rest = [due for due in own.rest if due[2] not in moved]
+                heapq.heapify(own.head)
+                heapq.heapify(own.rest)
+                own.head_count = sum(due[1] for due in own.head)
+                own.rest_count = sum(due[1] for due in own.rest)
             carried, own.carried = own.carried, sum(out[1] for out in own.out)
             report = Report(
                 demand=(own.taken + own.waited + carried) / elapsed,

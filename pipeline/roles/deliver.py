@@ -288,7 +288,7 @@ class DeliveryHandler:
             lanes = self._lanes
             if lanes is not None and lanes.takes(message, destination, destination_id):
                 return InLane()
-            admission = parking.admit(destination, FRESH, undecoded=True, fresh=True)
+            admission = parking.admit(destination, FRESH, undecoded=True)
             if isinstance(admission, Park):
                 assert destination is not None
                 out = parking.park_message(destination, admission, consumed)
@@ -316,7 +316,7 @@ class DeliveryHandler:
             if self._deleted and suppressed_by(record, self._deleted) is not None:
                 return self._hand_offs.suppressed(consumed, record, now)
             destination = self._follower.table.destinations.get(record.destination_id)
-            admission = parking.admit_record(destination, record)
+            admission = parking.admit(destination, window_of(record), undecoded=False)
             if isinstance(admission, Attempt):
                 assert destination is not None
                 stamped = record

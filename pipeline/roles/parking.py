@@ -32,7 +32,6 @@ from pipeline.core.admission import (
     ParkReason,
     Window,
     admit,
-    window_of,
 )
 from pipeline.core.config import Destination
 from pipeline.core.endpoint_health import EndpointHealth, Health
@@ -284,10 +283,9 @@ class Parking:
         now: float,
         reasons: frozenset[ParkReason] | None = None,
         health: Health | None = None,
-        fresh: bool = False,
     ) -> Admission:
         """``pipeline.core.admission.admit`` for a record of ``destination`` now (``health``:
-        its snapshot, if the caller has one of now; ``fresh``: never parked)."""
+        its snapshot, if the caller has one of now)."""
         if destination is None or not destination.enabled:
             health = _NO_HEALTH
         elif health is None:
@@ -304,7 +302,6 @@ class Parking:
             self.limits,
             probe_carried_at=carried,
             reasons=reasons,
-            fresh=fresh,
         )
         if isinstance(admission, Park) and admission.carries_probe:
             assert destination is not None and health.reopens_in is not None
@@ -390,8 +387,8 @@ class ParkingBatch:
     def __init__(self, parking: Parking, now: float) -> None:
         self._parking = parking
         self._now = now
-        self._undecoded: dict[tuple[str | None, Window, bool], Admission] = {}
-        self._decoded: dict[tuple[str | None, Window, bool], Admission] = {}
+        self._undecoded: dict[tuple[str | None, Window], Admission] = {}
+        self._decoded: dict[tuple[str | None, Window], Admission] = {}
         #: Each destination's health as of ``now``: what changes it (answers, pace reports) is
         #: heard between batches, but for the turns taken under a rate limit (``rate_wait``).
         self._healths: dict[str, Health] = {}
@@ -401,24 +398,18 @@ class ParkingBatch:
         self._all: list[_ParkedGroup] = []
 
     def admit(
-        self,
-        destination: Destination | None,
-        window: Window,
-        *,
-        undecoded: bool,
-        fresh: bool = False,
+        self, destination: Destination | None, window: Window, *, undecoded: bool
     ) -> Admission:
         """The admission of a record of ``destination`` with ``window``; ``undecoded``: asked
-        before its decode, of a record that starts no request either way; ``fresh``: of a record
-        never parked (from ``deliveries``)."""
+        before its decode, of a record that starts no request either way."""
         kept = self._undecoded if undecoded else self._decoded
-        key = (None if destination is None else destination.id, window, fresh)
+        key = (None if destination is None else destination.id, window)
         found = kept.get(key)
         if found is None:
             health = None
             if destination is not None and destination.enabled:
                 health = self._health(destination)
-            found = self._parking.admit(destination, window, self._now, health=health, fresh=fresh)
+            found = self._parking.admit(destination, window, self._now, health=health)
             if isinstance(found, Park):
                 if not found.carries_probe:
                     kept[key] = found
@@ -426,12 +417,8 @@ class ParkingBatch:
                 kept[key] = found
         return found
 
-    def admit_record(self, destination: Destination | None, record: Delivery) -> Admission:
-        """The admission of a decoded ``record`` of ``destination``."""
-        return self.admit(destination, window_of(record), undecoded=False, fresh=record.tier < 0)
-
     def _health(self, destination: Destination) -> Health:
-        """``destination``'s health as of this batch, its ``rate_wait`` and ``queue`` as of now."""
+        """``destination``'s health as of this batch, its ``rate_wait`` and queue as of now."""
         health = self._parking.health
         found = self._healths.get(destination.id)
         if found is None:
@@ -439,8 +426,10 @@ class ParkingBatch:
             return found
         wait = health.rate_wait(destination)
         if wait != found.rate_wait:
-            queue = health.queue(destination)
-            found = self._healths[destination.id] = replace(found, rate_wait=wait, queue=queue)
+            queue, behind = health.queue(destination)
+            found = self._healths[destination.id] = replace(
+                found, rate_wait=wait, queue=queue, behind=behind
+            )
         return found
 
     def park(

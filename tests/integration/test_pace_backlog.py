@@ -53,10 +53,11 @@ def test_a_long_backlog_of_a_limited_destination_is_not_parked_again_and_again(
     settings: Any, receiver_factory: Any, process_factory: Any
 ) -> None:
     """4,000 calls for a destination limited to 5/s. Parked for their turns half a second at a
-    time, all of them came back and were parked again twice a second or more (8,000+ parkings a
-    second). Now the records behind 30 s of turns wait behind them, in the tier whose delay
-    covers the wait (here the 60 s one): a few seconds in, the worker parks fewer records a
-    second than the backlog holds, and the receiver gets the limit."""
+    time, all of them came back and were parked again twice a second or more (9,900 parkings a
+    second). Now, while 30 s of turns are parked to come back within a second or two, the
+    others wait longer, in the tier whose delay covers the wait (here the 60 s one): a few
+    seconds in, the worker parks fewer records a second than half the backlog, and the
+    receiver gets the limit."""
     receiver = receiver_factory(lambda _body: 200)
     apply(settings, simple_config(receiver.url, rate_limit=LIMIT))
     [port] = workers(process_factory, settings, 1, env=LONG_TIERS)
@@ -74,8 +75,8 @@ def test_a_long_backlog_at_max_in_flight_is_not_parked_again_every_second(
     request (10/s). Parked for a free slot a second at a time, all of them came back and were
     parked again every second (3,984 a second), and it got 2 a second: two slots' worth of
     each wave. Now a second's worth at its pace waits in memory for a slot, and, once its pace
-    is known (its 2xx answers of the last 3 s), the records behind 30 s of it wait behind
-    them; never more than two requests are out."""
+    is known (its 2xx answers of the last 3 s), the records past 30 s of it wait longer; never
+    more than two requests are out."""
     receiver = receiver_factory(200, delay=0.2)
     apply(settings, simple_config(receiver.url, max_in_flight=2))
     [port] = workers(process_factory, settings, 1, env=LONG_TIERS)

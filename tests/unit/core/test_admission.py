@@ -161,39 +161,38 @@ def test_only_the_reasons_asked_for_park() -> None:
     assert isinstance(down, Park) and down.reason is ParkReason.CIRCUIT_OPEN
 
 
-def test_a_fresh_record_behind_a_long_queue_of_parked_ones_waits_behind_them() -> None:
-    """A fresh record whose turn is off, with 50 s of turns parked here already, comes back
-    with ``QUEUE_KEEP`` of them still ahead, in the tier whose delay covers the wait (a backlog
-    goes round the tier once); a record back from a tier, or behind a short queue, comes back
-    within half a second; and no wait is longer than ``QUEUE_MAX_WAIT`` or the last tier's
-    delay."""
-    queued = Health(rate_wait=4.0, queue=50.0)
-    far = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+def test_a_record_behind_a_long_head_of_its_queue_waits_longer() -> None:
+    """A record whose turn is off, while 40 s of turns are parked here to come back within a
+    second or two (the queue's head) and 50 s in all, comes back with ``QUEUE_KEEP`` of them
+    left, in the tier whose delay covers the wait (a backlog goes round the tier once a
+    minute); behind a short head, within half a second; and no wait is longer than
+    ``QUEUE_MAX_WAIT`` or the last tier's delay."""
+    queued = Health(rate_wait=4.0, queue=40.0, behind=50.0)
+    far = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS)
     assert far == Park(
         ParkReason.RATE_LIMITED, 1, T0_MS + int((50.0 - QUEUE_KEEP) * 1000), None, None
     )
-    again = admit(HOOKS, queued, 0, FRESH, SCHEDULE, T0, LIMITS)  # back from a tier
-    assert again == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
-    short = Health(rate_wait=4.0, queue=QUEUE_LONG)
-    near = admit(HOOKS, short, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    short = Health(rate_wait=4.0, queue=QUEUE_LONG, behind=1_000.0)
+    near = admit(HOOKS, short, 0, FRESH, SCHEDULE, T0, LIMITS)
     assert near == Park(ParkReason.RATE_LIMITED, 0, T0_MS + 500, None, None)
-    endless = Health(rate_wait=4.0, queue=10_000.0)
-    capped = admit(HOOKS, endless, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+    endless = Health(rate_wait=4.0, queue=40.0, behind=10_000.0)
+    capped = admit(HOOKS, endless, 0, FRESH, SCHEDULE, T0, LIMITS)
     assert capped == Park(
         ParkReason.RATE_LIMITED, 1, T0_MS + int(QUEUE_MAX_WAIT * 1000), None, None
     )
     short_tiers = RetrySchedule(delays=(1.0, 2.0), deadline=1000.0, jitter=0.0)
-    in_short = admit(HOOKS, endless, 0, FRESH, short_tiers, T0, LIMITS, fresh=True)
+    in_short = admit(HOOKS, endless, 0, FRESH, short_tiers, T0, LIMITS)
     assert in_short == Park(ParkReason.RATE_LIMITED, 1, T0_MS + 2000, None, None)
-    turn_near = Health(rate_wait=RATE_WAIT_IN_FLIGHT, queue=100.0)
-    assert admit(HOOKS, turn_near, 0, FRESH, SCHEDULE, T0, LIMITS, fresh=True) == Attempt(
+    turn_near = Health(rate_wait=RATE_WAIT_IN_FLIGHT, queue=100.0, behind=100.0)
+    assert admit(HOOKS, turn_near, 0, FRESH, SCHEDULE, T0, LIMITS) == Attempt(
         T0_MS, DEADLINE_MS, final=False
     )
 
 
-def test_a_fresh_record_at_max_in_flight_behind_a_long_queue_waits_behind_it() -> None:
-    queued = Health(queue=40.0)
-    far = admit(LIMITED, queued, 4, FRESH, SCHEDULE, T0, LIMITS, fresh=True)
+def test_a_record_at_max_in_flight_behind_a_long_head_waits_longer() -> None:
+    queued = Health(queue=40.0, behind=40.0)
+    far = admit(LIMITED, queued, 4, FRESH, SCHEDULE, T0, LIMITS)
     assert far == Park(ParkReason.IN_FLIGHT, 1, T0_MS + int((40.0 - QUEUE_KEEP) * 1000), None, None)
-    again = admit(LIMITED, queued, 4, FRESH, SCHEDULE, T0, LIMITS)
+    short = Health(queue=10.0, behind=40.0)
+    again = admit(LIMITED, short, 4, FRESH, SCHEDULE, T0, LIMITS)
     assert again == Park(ParkReason.IN_FLIGHT, 0, int((T0 + IN_FLIGHT_WAIT) * 1000), None, None)

@@ -364,21 +364,22 @@ def test_a_lowered_pace_heard_counts_only_while_its_member_is_live() -> None:
     assert pace.pace("hooks") is None
 
 
-def test_the_records_parked_for_their_turn_count_until_due_or_moved() -> None:
+def test_the_records_parked_by_choice_count_until_due_or_moved() -> None:
     pace, clocks = book()
-    assert pace.parked("hooks") == 0
-    pace.waited("hooks", 100, back_in=0.5, place=("t0", 0))
+    assert pace.parked("hooks") == (0, 0)
+    pace.waited("hooks", 100, back_in=0.5, place=("t0", 0))  # the queue's head
     pace.waited("hooks", 300, back_in=40.0, place=("t1", 0))
     pace.waited("hooks", 7, back_in=40.0, place=("t1", 1))
+    pace.queued("hooks", 20, back_in=1.0)  # for a free slot, by key
     pace.waited("hooks", 5)  # held in flight: not parked
-    assert pace.parked("hooks") == 407
+    assert pace.parked("hooks") == (120, 427)
     clocks.now += 0.5  # the first parking is due back
-    assert pace.parked("hooks") == 307
+    assert pace.parked("hooks") == (20, 327)
     pace.moved([("t1", 1)])  # a rebalance: those come back elsewhere
     pace.tick({"hooks": 40.0})
-    assert pace.parked("hooks") == 300
+    assert pace.parked("hooks") == (20, 320)
     clocks.now += 40.0
-    assert pace.parked("hooks") == 0
+    assert pace.parked("hooks") == (0, 0)
 
 
 # ---- what the sender sees ------------------------------------------------------------------------
@@ -413,12 +414,15 @@ def test_the_queue_parked_here_is_in_seconds_of_this_process_pace() -> None:
     health.set_share("retry", 0.5)  # half the partitions: 20/s of 40
     pace.waited("hooks", 400, back_in=30.0, place=("t0", 0))
     assert health.rate_of(HOOKS) == 20.0
-    assert health.snapshot(HOOKS).queue == pytest.approx(20.0)
+    pace.waited("hooks", 40, back_in=0.5, place=("t0", 0))
+    snapshot = health.snapshot(HOOKS)
+    assert (snapshot.queue, snapshot.behind) == pytest.approx((2.0, 22.0))
     # Unlimited (at its max_in_flight): at the pace its receiver accepted lately, if known.
     unlimited = HOOKS.model_copy(update={"rate_limit": None})
-    assert health.queue(unlimited) == 0.0
+    assert health.queue(unlimited) == (0.0, 0.0)
     for _ in range(30):
         pace.answered("hooks", 200, None)
     assert pace.accepting("hooks") == pytest.approx(10.0)  # 30 in the last 3 s
-    pace.queued("hooks", 100, back_in=30.0)
-    assert health.queue(unlimited) == pytest.approx(50.0)  # 500 records at 10/s
+    assert health.snapshot(unlimited).accepting == pytest.approx(10.0)
+    pace.queued("hooks", 60, back_in=30.0)
+    assert health.queue(unlimited) == pytest.approx((4.0, 50.0))  # 40 and 500 at 10/s
