@@ -194,8 +194,9 @@ class _Own:
     accepted: int = 0
     #: When each 2xx answer of the last ``ACCEPTED_MEMORY`` came (monotonic seconds).
     recent: deque[float] = field(default_factory=deque)
-    #: A 429 came since the last ``STEP_EVERY``'s step (no step up) / since the last tick.
+    #: A 429 came since the last ``STEP_EVERY``'s step (it steps nothing up).
     throttled: bool = False
+    #: A 429 came since the last tick (which lowers the pace, at most once a step).
     refused: bool = False
     pace: float | None = None
     step: float = 0.0
