@@ -83,7 +83,7 @@ RATE_PARK_LEAD = 0.25
 RATE_PARK_MAX = 0.5
 #: A record that waits by choice (its turn under ``rate_limit``, a free slot under
 #: ``max_in_flight``) while the records parked here to come back within a second or two (the
-#: queue's head, ``Health.queue``) hold this many seconds of its destination's pace waits longer:
+#: queue's head, ``Health.queue``) hold this many seconds of its group's pace waits longer:
 #: until ``QUEUE_KEEP`` is left of all those parked here ahead of it (``Health.behind``), at most
 #: ``QUEUE_MAX_WAIT`` (a raised ``rate_limit`` or a faster receiver is heard by then), in the tier
 #: whose delay covers the wait, never past the last's. So the head holds 30 s of the pace, and

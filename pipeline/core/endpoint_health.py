@@ -81,8 +81,9 @@ class Health:
     its turn under ``rate_limit``; ``paused_for``: seconds left of the pause its receiver asked
     for (``Retry-After``); ``queue``: how long the records this process parked by choice (for
     their turns, for a free slot under ``max_in_flight``) to come back within a second or two
-    (the queue's head), not yet back, would take to go, at its rate here, or else at the pace
-    its receiver accepted lately (0: unknown); ``behind``: the same of all it parked by choice;
+    (the queue's head), not yet back, would take to go at the group's pace (its ``rate_limit``,
+    or its lowered pace), or else at the pace its receiver accepted here lately (0: unknown);
+    ``behind``: the same of all it parked by choice;
     ``accepting``: that pace, its 2xx answers a second here lately."""
 
     reopens_in: float | None = None
@@ -391,12 +392,15 @@ class EndpointHealth:
         return bucket.waiting()
 
     def queue(self, destination: Destination) -> tuple[float, float]:
-        """``Health.queue`` and ``Health.behind`` of ``destination``."""
+        """``Health.queue`` and ``Health.behind`` of ``destination``, in seconds of the
+        group's pace: this process's own rate swings with its share (to ``MIN_SHARE`` of it
+        before the others' reports), and a queue reckoned in it looked minutes long (300 calls
+        at 20/s across two workers were parked a minute; bench section 14 saw 0.12 of the
+        limit). Each process's head is then up to 30 s of the group's pace, not of its own."""
         head, parked = self.pace.parked(destination.id)
         if not parked:
             return 0.0, 0.0
-        bucket = self._bucket(destination)
-        rate = bucket.rate if bucket is not None else self.pace.accepting(destination.id)
+        rate = self.group_rate(destination) or self.pace.accepting(destination.id)
         return (head / rate, parked / rate) if rate > 0 else (0.0, 0.0)
 
     def rate_of(self, destination: Destination) -> float | None:
