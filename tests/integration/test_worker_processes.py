@@ -86,7 +86,10 @@ def test_two_processes_share_the_groups_a_killed_one_comes_back_and_sigterm_ends
         shares = [held(p).get("deliver", 0.0) for p in ports]
         return min(shares) >= 1 and sum(shares) == settings.partitions
 
-    wait_for(shared, timeout=60, interval=0.2)
+    # Two members joining the embedded broker's groups one after the other take a few of its
+    # rebalances (each rejoin waits 3 s); under a loaded suite that once took over 60 s (it
+    # takes about 15 s alone). What is tested is the sharing, not how fast the group forms.
+    wait_for(shared, timeout=120, interval=0.2)
     wait_for(lambda: try_scrape(port + 2) is not None, timeout=30)  # the log-store's /metrics
     send_calls(settings, calls(40, "a"), "wk")
     wait_for(lambda: unique_delivered(receiver) == 40, timeout=60)
