@@ -174,6 +174,34 @@ class PaceView:
         return None
 
 
+class _Due:
+    """Parkings (when each is due, how many records, where), a heap, and the records not due."""
+
+    __slots__ = ("heap", "count")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, object]] = []
+        self.count = 0
+
+    def push(self, due: float, records: int, place: object) -> None:
+        heapq.heappush(self.heap, (due, records, place))
+        self.count += records
+
+    def left(self, now: float) -> int:
+        """The records not due by ``now`` (those due are forgotten)."""
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            self.count -= heapq.heappop(heap)[1]
+        return self.count
+
+    def drop(self, places: set[object]) -> None:
+        """Forget the parkings in ``places``."""
+        if self.heap:
+            self.heap = [due for due in self.heap if due[2] not in places]
+            heapq.heapify(self.heap)
+            self.count = sum(due[1] for due in self.heap)
+
+
 @dataclass(slots=True)
 class _Own:
     """This member's counts and decisions for one destination."""
@@ -187,10 +215,8 @@ class _Own:
     carried: int = 0
     #: Parkings by choice (``queued``) by when each is due (no allowance; heaps), and their
     #: records: those back within ``HEAD_WAIT`` (the queue's head), and the others.
-    head: list[tuple[float, int, object]] = field(default_factory=list)
-    head_count: int = 0
-    rest: list[tuple[float, int, object]] = field(default_factory=list)
-    rest_count: int = 0
+    head: _Due = field(default_factory=_Due)
+    rest: _Due = field(default_factory=_Due)
     accepted: int = 0
     #: When each 2xx answer of the last ``ACCEPTED_MEMORY`` came (monotonic seconds).
     recent: deque[float] = field(default_factory=deque)
@@ -207,6 +233,14 @@ class _Own:
     asked_since: float = 0.0
     #: The last interval's figures, as published.
     report: Report = field(default_factory=Report)
+
+
+def _recent(own: _Own, now: float) -> deque[float]:
+    """``own``'s 2xx answer times, those older than ``ACCEPTED_MEMORY`` forgotten."""
+    recent = own.recent
+    while recent and recent[0] < now - ACCEPTED_MEMORY:
+        recent.popleft()
+    return recent
 
 
 @dataclass(slots=True)
@@ -271,13 +305,9 @@ class PaceBook:
         """``records`` of ``destination`` were parked by choice (for their turn, or for a free
         slot under ``max_in_flight``) in ``place``, to come back in ``back_in`` seconds."""
         own = self._of(destination)
-        entry = (self._clock() + back_in, records, place)
-        if back_in <= HEAD_WAIT:
-            heapq.heappush(own.head, entry)
-            own.head_count += records
-        else:
-            heapq.heappush(own.rest, entry)
-            own.rest_count += records
+        (own.head if back_in <= HEAD_WAIT else own.rest).push(
+            self._clock() + back_in, records, place
+        )
 
     def parked(self, destination: str) -> tuple[int, int]:
         """Records of ``destination`` this member parked by choice (``queued``; ``waited`` with
@@ -287,12 +317,8 @@ class PaceBook:
         if own is None:
             return 0, 0
         now = self._clock()
-        head, rest = own.head, own.rest
-        while head and head[0][0] <= now:
-            own.head_count -= heapq.heappop(head)[1]
-        while rest and rest[0][0] <= now:
-            own.rest_count -= heapq.heappop(rest)[1]
-        return own.head_count, own.head_count + own.rest_count
+        head = own.head.left(now)
+        return head, head + own.rest.left(now)
 
     def moved(self, places: Iterable[object]) -> None:
         """``places`` went to another member (a rebalance): what was parked there comes back
@@ -334,20 +360,12 @@ class PaceBook:
     def accepting(self, destination: str) -> float:
         """The 2xx answers of ``destination`` a second here, over the last ``ACCEPTED_MEMORY``."""
         own = self._own.get(destination)
-        if own is None:
-            return 0.0
-        recent, now = own.recent, self._clock()
-        while recent and recent[0] < now - ACCEPTED_MEMORY:
-            recent.popleft()
-        return len(recent) / ACCEPTED_MEMORY
+        return 0.0 if own is None else len(_recent(own, self._clock())) / ACCEPTED_MEMORY
 
     def _accepted_rate(self, destination: str, own: _Own, now: float) -> float:
         """The group's 2xx answers per second: this member's most in an ``ACCEPTED_WINDOW`` of
         the last ``ACCEPTED_MEMORY``, the others' as of their last reports."""
-        recent = own.recent
-        while recent and recent[0] < now - ACCEPTED_MEMORY:
-            recent.popleft()
-        times, most, first = list(recent), 0, 0
+        times, most, first = list(_recent(own, now)), 0, 0
         for last, at in enumerate(times):
             while at - times[first] >= ACCEPTED_WINDOW:
                 first += 1
@@ -449,13 +467,9 @@ class PaceBook:
             elif own.pace is not None and not own.throttled and stepping:
                 self._step_up(destination, own, limits.get(destination))
             own.out = [out for out in own.out if out[0] > now and out[2] not in moved]
-            if moved and (own.head or own.rest):
-                own.head = [due for due in own.head if due[2] not in moved]
-                own.rest = [due for due in own.rest if due[2] not in moved]
-                heapq.heapify(own.head)
-                heapq.heapify(own.rest)
-                own.head_count = sum(due[1] for due in own.head)
-                own.rest_count = sum(due[1] for due in own.rest)
+            if moved:
+                own.head.drop(moved)
+                own.rest.drop(moved)
             carried, own.carried = own.carried, sum(out[1] for out in own.out)
             report = Report(
                 demand=(own.taken + own.waited + carried) / elapsed,
