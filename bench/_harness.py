@@ -356,10 +356,20 @@ def webhook_headers(body: bytes) -> dict[str, str]:
 
 
 class Worker:
-    """A Python process (``python -m pipeline ROLE`` by default); output goes to a log file."""
+    """A Python process (``python -m pipeline ROLE`` by default); output goes to a log file.
+
+    It runs in ``root`` (this checkout by default), and Python imports ``module`` from there:
+    the directory ``-m`` runs in comes before ``PYTHONPATH``, so another version of the code is
+    run by giving its checkout as ``root`` (a ``git worktree``), not by ``PYTHONPATH``."""
 
     def __init__(
-        self, role: str, env: dict[str, str], name: str, *, module: str = "pipeline"
+        self,
+        role: str,
+        env: dict[str, str],
+        name: str,
+        *,
+        module: str = "pipeline",
+        root: Path = ROOT,
     ) -> None:
         LOG_DIR.mkdir(exist_ok=True)
         self.name = name
@@ -387,7 +397,7 @@ class Worker:
         self.process = subprocess.Popen(
             command,
             env=env,
-            cwd=ROOT,
+            cwd=root,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
