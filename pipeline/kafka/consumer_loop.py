@@ -13,8 +13,13 @@ Why it is shaped like this:
   (at-least-once).
 - ``commits=False``: the handler commits offsets itself, inside its Kafka transactions (the router);
   the loop then only keeps count of what is in flight.
-- Back-pressure: the loop never holds more than ``max_in_flight`` records unfinished (a batch takes
+- Back-pressure: the loop never works on more than ``max_in_flight`` records at once (a batch takes
   at most the room left); once full, it takes more when a tenth of the limit is free again. A
+  record whose work is done and whose outcome only waits for Kafka's acknowledgement
+  (``concluded``: its request answered, its hand-off or log record produced) leaves that count
+  but stays unfinished, uncommitted, until it is durable. Records unfinished, concluded or not,
+  never number more than twice the limit. So a slow acknowledgement (25 ms on the embedded broker)
+  does not hold a request's place, and a crash repeats at most twice the limit. A
   batch is what the client has fetched when the loop asks, or the first record to come: it does
   not wait to fill up while records wait, unless its handler pays for each batch (``gather``:
   a transaction, a database commit), whose consume waits for a full batch a while.
@@ -59,11 +64,19 @@ GATHER = 0.1
 
 
 class _Partition:
-    __slots__ = ("offsets", "generation", "paused_until", "resume_offset", "resume_handle")
+    __slots__ = (
+        "offsets",
+        "generation",
+        "concluded",
+        "paused_until",
+        "resume_offset",
+        "resume_handle",
+    )
 
     def __init__(self) -> None:
         self.offsets = PartitionOffsets()
         self.generation = 0
+        self.concluded = 0  # records concluded, not finished
         self.paused_until: float | None = None
         self.resume_offset: int | None = None
         self.resume_handle: asyncio.TimerHandle | None = None
@@ -74,7 +87,15 @@ class ConsumedRecord:
     its outcome is durable. A record that carries several (``split``) is finished once each of
     them is."""
 
-    __slots__ = ("message", "key", "offset", "_partition", "_generation", "_container")
+    __slots__ = (
+        "message",
+        "key",
+        "offset",
+        "_partition",
+        "_generation",
+        "_container",
+        "_concluded",
+    )
 
     def __init__(
         self, message: Message, key: tuple[str, int], offset: int, partition: _Partition
@@ -85,6 +106,7 @@ class ConsumedRecord:
         self._partition = partition
         self._generation = partition.generation
         self._container: _Container | None = None
+        self._concluded = False
 
     def split(self, messages: Sequence[Any]) -> list[ConsumedRecord]:
         """This record as the several records it carries (``messages``, which answer what a
@@ -96,6 +118,7 @@ class ConsumedRecord:
             part.message, part.key, part.offset = message, self.key, self.offset
             part._partition, part._generation = self._partition, self._generation
             part._container = container
+            part._concluded = False
             parts.append(part)
         return parts
 
@@ -123,6 +146,8 @@ class Progress(Protocol):
     """What a handler tells the loop of its records (``ConsumerLoop``'s face to handlers)."""
 
     def finish(self, taken: ConsumedRecord) -> None: ...
+
+    def concluded(self, taken: ConsumedRecord) -> None: ...
 
     def owns(self, taken: ConsumedRecord) -> bool: ...
 
@@ -178,7 +203,8 @@ class ConsumerLoop:
         )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{handler.role}-consumer")
         self._partitions: dict[TP, _Partition] = {}
-        self._in_flight = 0
+        self._in_flight = 0  # records taken, neither concluded nor finished
+        self._concluded = 0  # records concluded, not finished
         self._capacity = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         overrides = {"statistics.interval.ms": 5000, "stats_cb": metrics.record_kafka_stats}
@@ -203,10 +229,38 @@ class ConsumerLoop:
         if self._partitions.get(taken.key) is not partition:
             return
         partition.offsets.finish(taken.offset)
-        self._in_flight -= 1
+        if taken._concluded:
+            partition.concluded -= 1
+            self._concluded -= 1
+        else:
+            self._in_flight -= 1
         self._gauge.dec()
-        if self._in_flight <= self._refill_at:
+        self._room_made()
+
+    def concluded(self, taken: ConsumedRecord) -> None:
+        """``taken``'s work is done; its outcome only waits for Kafka's acknowledgement: it no
+        longer counts against ``max_in_flight``, and stays uncommitted until ``finish``. (A part
+        of a split record counts with the record, until its last part finishes.)"""
+        partition = taken._partition
+        if (
+            taken._container is not None
+            or taken._concluded
+            or partition.generation != taken._generation
+            or self._partitions.get(taken.key) is not partition
+        ):
+            return
+        taken._concluded = True
+        partition.concluded += 1
+        self._concluded += 1
+        self._in_flight -= 1
+        self._room_made()
+
+    def _room_made(self) -> None:
+        if self._in_flight <= self._refill_at and self._unfinished_room() > 0:
             self._capacity.set()
+
+    def _unfinished_room(self) -> int:
+        return 2 * self._max_in_flight - self._in_flight - self._concluded
 
     def owns(self, taken: ConsumedRecord) -> bool:
         """Whether ``taken``'s partition is still assigned here as it was when it was taken (a
@@ -250,12 +304,16 @@ class ConsumerLoop:
         next_commit = Deadline.after(self._commit_interval)
         try:
             while not stop.is_set():
-                if self._in_flight > self._refill_at:
+                if self._in_flight > self._refill_at or self._unfinished_room() <= 0:
                     self._capacity.clear()
                     await _wait_any(self._capacity, stop, timeout=self._commit_interval)
                 else:
-                    # Never more than the room left: the limit bounds what a crash repeats.
-                    room = min(self._batch_size, self._max_in_flight - self._in_flight)
+                    # Never more than the room left: the limits bound what a crash repeats.
+                    room = min(
+                        self._batch_size,
+                        self._max_in_flight - self._in_flight,
+                        self._unfinished_room(),
+                    )
                     messages = await self._on_consumer(self._consume, room)
                     batch = self._take(messages)
                     if batch:
@@ -316,8 +374,7 @@ class ConsumerLoop:
         # Records at and after it were never started; they are taken again after the seek.
         self._in_flight -= dropped
         self._gauge.dec(dropped)
-        if self._in_flight <= self._refill_at:
-            self._capacity.set()
+        self._room_made()
 
     def _resume(self, key: TP, partition: _Partition) -> None:
         if self._partitions.get(key) is not partition or partition.resume_offset is None:
@@ -412,10 +469,11 @@ class ConsumerLoop:
                 offsets.append(TopicPartition(key[0], key[1], position))
             unfinished = len(partition.offsets)
             partition.generation += 1
-            self._in_flight -= unfinished
+            self._in_flight -= unfinished - partition.concluded
+            self._concluded -= partition.concluded
+            partition.concluded = 0
             self._gauge.dec(unfinished)
-        if self._in_flight <= self._refill_at:
-            self._capacity.set()
+        self._room_made()
         self._held.difference_update(keys)
         self._held_gauge.set(len(self._held))
         self.handler.released(keys)
@@ -440,13 +498,13 @@ class ConsumerLoop:
 
     async def _shutdown(self) -> None:
         deadline = Deadline.after(self._revoke_grace)
-        while self._in_flight and not deadline.expired():
+        while (self._in_flight or self._concluded) and not deadline.expired():
             await asyncio.sleep(0.02)
-        if self._in_flight:
+        if self._in_flight or self._concluded:
             log.warning(
                 "%s: %d records unfinished at shutdown; they will be processed again",
                 self.handler.role,
-                self._in_flight,
+                self._in_flight + self._concluded,
             )
         await self._commit(asynchronous=False)
         await self.handler.aclose()

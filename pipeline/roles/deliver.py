@@ -21,10 +21,9 @@ topics). For each record, in order (``_decide``):
 An attempt (a batching destination's: of a batch, ``pipeline.roles.batches``) POSTs to every
 webhook of the destination at once; its results are concluded (``delivery_policy.conclude``):
 delivered (finished), the next retry tier, or the dead-letter topic. A record is finished only
-once Kafka has acknowledged its hand-off and the delivery log has its record (the log records of
-every hand-off made in one turn of the event loop go out together, ``LogBatcher``). A record
-whose partition was revoked or lost meanwhile is not handed off at all: its new owner reads it
-again.
+once Kafka has acknowledged its hand-off and the delivery log's record (those of one turn of the
+event loop go out together, ``LogBatcher``); waiting, it is out of the in-flight count. A record
+whose partition was revoked or lost meanwhile is not handed off: its new owner reads it again.
 """
 
 from __future__ import annotations
@@ -488,10 +487,11 @@ class DeliveryHandler:
     async def finish(
         self, consumed: ConsumedRecord, out: list[Produced], logged: Logged, loop: Progress
     ) -> None:
-        """Produce ``out``, then finish ``consumed`` once the log has ``logged``; nothing if its
-        partition was lost meanwhile (its new owner hands the record off)."""
+        """Produce ``out``, then finish ``consumed`` once the log has ``logged`` (meanwhile it is
+        concluded: out of the in-flight count); nothing if its partition was lost meanwhile."""
         if not loop.owns(consumed):
             return
+        loop.concluded(consumed)
         if out:
             await self._producer.send_all_until_acked(out, self._stop)
         if logged is not None and self._log is not None:

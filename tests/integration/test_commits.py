@@ -196,3 +196,67 @@ def test_a_loop_told_to_gather_waits_that_long_for_a_fuller_batch(settings):
         return handler.batches
 
     assert asyncio.run(main())[-1] == [b"second", b"third"]
+
+
+def test_a_concluded_record_leaves_the_in_flight_count_and_is_committed_only_once_finished(
+    settings,
+):
+    """A record whose work is done and whose outcome awaits Kafka's acknowledgement
+    (``concluded``) makes room for another, yet stays uncommitted until finished; records
+    unfinished, concluded or not, never number more than twice ``max_in_flight``."""
+    topics = topics_for(settings)
+    producer = make_producer(settings)
+    for i in range(200):
+        producer.produce(topics.deliveries, b"x", f"k{i}".encode())
+    producer.flush(10)
+    group = "concluding"
+
+    async def main() -> tuple[list[int], list[tuple[int, int]]]:
+        handler = Holding(topics.deliveries)
+        loop = ConsumerLoop(
+            settings,
+            f"{settings.topic_prefix}{group}",
+            handler,
+            max_in_flight=7,
+            commit_interval=0.1,
+            revoke_grace=0.5,
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(loop.run(stop))
+        deadline = time.monotonic() + 30
+        counts = []
+
+        async def settled(at_least: int) -> None:
+            while len(handler.taken) < at_least and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # several consume rounds: none may take more
+            counts.append(len(handler.taken))
+
+        await settled(7)
+        for taken in handler.taken[:3]:
+            loop.concluded(taken)
+        await settled(10)  # three more in flight
+        for taken in handler.taken[3:]:
+            loop.concluded(taken)
+        await settled(14)  # 7 in flight at most, but 14 unfinished at most
+        for taken in handler.taken[10:]:
+            loop.concluded(taken)
+        await settled(14)  # 14 concluded, none finished: no room
+        for taken in handler.taken[:3]:
+            loop.finish(taken)
+        await settled(17)
+        stop.set()  # the rest stay unfinished: the shutdown commits only what finished
+        await running
+        return counts, [(t.key[1], t.offset) for t in handler.taken[:3]]
+
+    counts, finished = asyncio.run(main())
+    assert counts == [7, 10, 14, 14, 17]
+    expected = {}
+    for partition in {number for number, _ in finished}:
+        position = 0
+        while (partition, position) in finished:
+            position += 1
+        if position:
+            expected[partition] = position
+    assert expected  # the first records taken start their partitions at offset 0
+    assert group_positions(settings, group, topics.deliveries) == expected

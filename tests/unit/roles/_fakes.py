@@ -71,6 +71,8 @@ def taken(
 class FakeLoop:
     finished: list[ConsumedRecord] = field(default_factory=list)
     deferred: list[tuple[ConsumedRecord, float]] = field(default_factory=list)
+    #: Records whose work was done, then only Kafka's acknowledgements awaited.
+    concluded_records: list[ConsumedRecord] = field(default_factory=list)
     #: Partitions revoked or lost while their records were in flight.
     lost: set[tuple[str, int]] = field(default_factory=set)
 
@@ -78,6 +80,10 @@ class FakeLoop:
         whole = record.finished()  # a part of a parked batch: the batch, with its last part
         if whole is not None:
             self.finished.append(whole)
+
+    def concluded(self, record: ConsumedRecord) -> None:
+        assert record not in self.finished, "concluded once finished"
+        self.concluded_records.append(record)
 
     def owns(self, record: ConsumedRecord) -> bool:
         return record.key not in self.lost

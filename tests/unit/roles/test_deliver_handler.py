@@ -185,6 +185,8 @@ def test_delivered_is_finished_with_nothing_produced_but_its_log() -> None:
         ("hooks", b'{"a":1}', "m1", False)
     ]
     assert sent(producer) == [] and loop.finished == batch
+    # Answered, it waited for the log's acknowledgement out of the in-flight count.
+    assert loop.concluded_records == batch
     assert logged(producer) == [
         ("attempt", "hooks", "1:200::"),
         ("delivered", "hooks", ""),
@@ -238,6 +240,7 @@ def test_a_record_whose_partition_was_lost_meanwhile_is_neither_handed_off_nor_f
 
     _, loop, producer, _ = run([encoded(delivery())], FakeSender(attempt), loop=loop)
     assert sent(producer) == [] and logged(producer) == [] and loop.finished == []
+    assert loop.concluded_records == []
 
 
 def test_records_decided_without_a_request_are_not_handed_off_for_a_lost_partition() -> None:
