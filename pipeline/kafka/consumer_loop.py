@@ -55,6 +55,9 @@ log = logging.getLogger("pipeline.consumer")
 
 TP = tuple[str, int]
 
+#: A ``ConsumedRecord``'s state: being worked on, concluded (only Kafka's acknowledgement awaited:
+#: out of the in-flight count), finished.
+WORKING, CONCLUDED, FINISHED = 0, 1, 2
 #: How long one consume waits for a first record when none has been fetched (seconds).
 CONSUME_WAIT = 0.1
 #: The ``gather`` of a handler whose batches cost more than their records: a Kafka transaction
@@ -94,7 +97,7 @@ class ConsumedRecord:
         "_partition",
         "_generation",
         "_container",
-        "_concluded",
+        "_state",
     )
 
     def __init__(
@@ -106,7 +109,7 @@ class ConsumedRecord:
         self._partition = partition
         self._generation = partition.generation
         self._container: _Container | None = None
-        self._concluded = False
+        self._state = WORKING
 
     def split(self, messages: Sequence[Any]) -> list[ConsumedRecord]:
         """This record as the several records it carries (``messages``, which answer what a
@@ -118,7 +121,7 @@ class ConsumedRecord:
             part.message, part.key, part.offset = message, self.key, self.offset
             part._partition, part._generation = self._partition, self._generation
             part._container = container
-            part._concluded = False
+            part._state = WORKING
             parts.append(part)
         return parts
 
@@ -228,12 +231,15 @@ class ConsumerLoop:
             return  # revoked: the new owner consumes the record again
         if self._partitions.get(taken.key) is not partition:
             return
+        if taken._state == FINISHED:
+            return
         partition.offsets.finish(taken.offset)
-        if taken._concluded:
+        if taken._state == CONCLUDED:
             partition.concluded -= 1
             self._concluded -= 1
         else:
             self._in_flight -= 1
+        taken._state = FINISHED
         self._gauge.dec()
         self._room_made()
 
@@ -244,12 +250,12 @@ class ConsumerLoop:
         partition = taken._partition
         if (
             taken._container is not None
-            or taken._concluded
+            or taken._state != WORKING
             or partition.generation != taken._generation
             or self._partitions.get(taken.key) is not partition
         ):
             return
-        taken._concluded = True
+        taken._state = CONCLUDED
         partition.concluded += 1
         self._concluded += 1
         self._in_flight -= 1
