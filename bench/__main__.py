@@ -67,7 +67,8 @@ Sections (the issue's numbering):
     collector) against off (same run, alternated): deliveries/s, and the worker's CPU seconds per
     1,000 calls (``bench.tracing``).
 17. The hot path's choices (issue 36): section 1's end to end once per variant of the worker's
-    settings (the event loop), alternated: deliveries/s and CPU per call (``bench.hot_path``).
+    settings (the HTTP client, the event loop, one CPU), alternated: deliveries/s and CPU per
+    call (``bench.hot_path``).
 """
 
 from __future__ import annotations

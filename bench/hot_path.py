@@ -9,7 +9,9 @@ reported.
 Variants:
 
 - ``asyncio``: ``PIPELINE_EVENT_LOOP=asyncio``, the standard library's event loop;
-- ``uvloop``: ``PIPELINE_EVENT_LOOP=uvloop`` (the default where it is installed).
+- ``uvloop``: ``PIPELINE_EVENT_LOOP=uvloop`` (the default where it is installed);
+- ``one CPU``: ``PIPELINE_CPU_AFFINITY=auto``, the worker's threads kept on one CPU (also
+  reported against the same without it).
 
 Run alone: ``python -m bench --only 17``.
 """
@@ -29,7 +31,14 @@ VARIANTS: dict[str, dict[str, str]] = {
     "aiohttp, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "aiohttp"},
     "reqwest, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "reqwest"},
     "reqwest, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "reqwest"},
+    "reqwest, uvloop, one CPU": {
+        "PIPELINE_EVENT_LOOP": "uvloop",
+        "PIPELINE_HTTP_CLIENT": "reqwest",
+        "PIPELINE_CPU_AFFINITY": "auto",
+    },
 }
+#: (variant, what it is measured against) beside the first variant: the defaults against one CPU.
+ALSO = (("reqwest, uvloop, one CPU", "reqwest, uvloop"),)
 
 
 def section_hot_path(
@@ -63,8 +72,7 @@ def section_hot_path(
         for worker in workers.values():
             worker.stop()
         receiver.stop()
-    base = names[0]
-    for name in names[1:]:
+    for name, base in (*((name, names[0]) for name in names[1:]), *ALSO):
         ratios = [a / b for a, b in zip(rates[name], rates[base], strict=True)]
         cpu_ratios = [b / a for a, b in zip(cpu[name], cpu[base], strict=True)]
         bench.rows.append(

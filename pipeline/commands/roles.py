@@ -40,6 +40,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                 action="store_true",
                 help="do not start a log-store beside the worker (it runs elsewhere)",
             )
+            parser.add_argument("--cpu-index", type=int, help=argparse.SUPPRESS)  # supervisor's
             parser.add_argument(
                 "--processes",
                 type=positive,
@@ -53,10 +54,13 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.roles.worker import ROLES
+    from pipeline.runtime.cpu_affinity import pin
     from pipeline.runtime.metrics import serve_metrics
 
     if getattr(args, "rebuild", False):
         _rebuild(settings)
+    if args.command != "log-store" and (args.command != "worker" or _alone(args, settings)):
+        pin(settings.cpu_affinity, getattr(args, "cpu_index", None))  # before threads start
     if args.command != "worker":
         serve_metrics(args.metrics_port)
         run_roles_until_signalled(settings, [args.command])
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # The log-store runs in a process of its own: its decoding and writing would otherwise take
     # the delivery roles' interpreter lock. It is started only where the pipeline logs.
     wanted = settings.log and not args.no_log_store
-    processes = args.processes or settings.worker_processes or _cores()
+    processes = _processes(args, settings)
     if processes > 1:  # the children serve /metrics
         return _supervised(args, settings, processes, wanted)
     serve_metrics(args.metrics_port)
@@ -87,7 +91,17 @@ def _supervised(
     children = [
         Child(
             f"worker {n + 1} of {processes}",
-            _command(args, settings, "worker", n, "--processes", "1", "--no-log-store"),
+            _command(
+                args,
+                settings,
+                "worker",
+                n,
+                "--processes",
+                "1",
+                "--no-log-store",
+                "--cpu-index",
+                str(n),
+            ),
         )
         for n in range(processes)
     ]
@@ -119,6 +133,15 @@ def _start(command: Sequence[str]) -> subprocess.Popen[bytes]:
 
     parent = os.getpid()
     return subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent))
+
+
+def _processes(args: argparse.Namespace, settings: Settings) -> int:
+    return int(args.processes or settings.worker_processes or _cores())
+
+
+def _alone(args: argparse.Namespace, settings: Settings) -> bool:
+    """A ``pipeline worker`` that runs the roles itself (not a supervisor of workers)."""
+    return _processes(args, settings) == 1
 
 
 def _cores() -> int:

@@ -33,6 +33,7 @@ from pipeline.core.kafka_properties import (
 
 __all__ = [
     "Settings",
+    "parse_cpus",
     "SettingsError",
     "default_log_store_url",
     "default_state_dir",
@@ -134,6 +135,36 @@ def _whole(value: Any) -> int:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
     raise ValueError(f"{value!r} is not a whole number")
+
+
+def parse_cpus(text: str) -> list[int]:
+    """The CPUs of a list such as ``0,2-3`` (in its order, without repeats); ``ValueError``
+    naming what is wrong."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part!r} is not a CPU number or a range such as 2-3")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"{part!r} is a range that ends before it starts")
+        cpus += [cpu for cpu in range(low, high + 1) if cpu not in cpus]
+    return cpus
+
+
+def _cpu_affinity(value: Any) -> Any:
+    """``off``, ``auto`` or a list of CPUs such as ``0,2-3`` (``pipeline.runtime.cpu_affinity``)."""
+    if not isinstance(value, str):
+        return value
+    value = value.strip().lower()
+    if value in ("off", "auto"):
+        return value
+    try:
+        parse_cpus(value)
+    except ValueError as exc:
+        raise ValueError(f"off, auto or a list of CPUs such as 0,2-3: {exc}") from None
+    return value
 
 
 def _upper(value: Any) -> Any:
@@ -257,6 +288,10 @@ class Settings(BaseSettings):
     #: while the event loop runs; on one thread every other socket waits with it (1: pyreqwest's
     #: own single-threaded runtime).
     http_threads: Annotated[int, BeforeValidator(_whole), Field(ge=1, le=64)] = 4
+    #: Keep each delivery process's threads on one CPU: ``off``, ``auto`` (worker ``k`` of
+    #: ``--processes`` the ``k``-th CPU it may use; alone, the least busy) or CPUs such as
+    #: ``0,2-3`` (``pipeline.runtime.cpu_affinity``).
+    cpu_affinity: Annotated[str, BeforeValidator(_cpu_affinity)] = "off"
     # ---- Observability ----
     #: Destinations that get their own ``destination`` label in metrics; the rest are ``other``.
     metrics_max_destinations: AtLeastOne = 1000
