@@ -59,7 +59,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if getattr(args, "rebuild", False):
         _rebuild(settings)
-    if args.command != "log-store" and (args.command != "worker" or _alone(args, settings)):
+    # A ``pipeline worker`` of several processes supervises them: its children run the roles.
+    processes = (
+        (args.processes or settings.worker_processes or _cores()) if args.command == "worker" else 1
+    )
+    if args.command != "log-store" and processes == 1:
         pin(settings.cpu_affinity, getattr(args, "cpu_index", None))  # before threads start
     if args.command != "worker":
         serve_metrics(args.metrics_port)
@@ -68,7 +72,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # The log-store runs in a process of its own: its decoding and writing would otherwise take
     # the delivery roles' interpreter lock. It is started only where the pipeline logs.
     wanted = settings.log and not args.no_log_store
-    processes = _processes(args, settings)
     if processes > 1:  # the children serve /metrics
         return _supervised(args, settings, processes, wanted)
     serve_metrics(args.metrics_port)
@@ -133,15 +136,6 @@ def _start(command: Sequence[str]) -> subprocess.Popen[bytes]:
 
     parent = os.getpid()
     return subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent))
-
-
-def _processes(args: argparse.Namespace, settings: Settings) -> int:
-    return int(args.processes or settings.worker_processes or _cores())
-
-
-def _alone(args: argparse.Namespace, settings: Settings) -> bool:
-    """A ``pipeline worker`` that runs the roles itself (not a supervisor of workers)."""
-    return _processes(args, settings) == 1
 
 
 def _cores() -> int:

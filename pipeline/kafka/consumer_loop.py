@@ -247,16 +247,10 @@ class ConsumerLoop:
         """``taken``'s work is done; its outcome only waits for Kafka's acknowledgement: it no
         longer counts against ``max_in_flight``, and stays uncommitted until ``finish``. (A part
         of a split record counts with the record, until its last part finishes.)"""
-        partition = taken._partition
-        if (
-            taken._container is not None
-            or taken._state != WORKING
-            or partition.generation != taken._generation
-            or self._partitions.get(taken.key) is not partition
-        ):
+        if taken._container is not None or taken._state != WORKING or not self.owns(taken):
             return
         taken._state = CONCLUDED
-        partition.concluded += 1
+        taken._partition.concluded += 1
         self._concluded += 1
         self._in_flight -= 1
         self._room_made()
