@@ -223,10 +223,10 @@ def test_a_concluded_record_leaves_the_in_flight_count_and_is_committed_only_onc
         )
         stop = asyncio.Event()
         running = asyncio.create_task(loop.run(stop))
-        deadline = time.monotonic() + 30
         counts = []
 
         async def settled(at_least: int) -> None:
+            deadline = time.monotonic() + 30  # each step its own: the first waits for the group
             while len(handler.taken) < at_least and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # several consume rounds: none may take more
