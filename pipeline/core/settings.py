@@ -281,9 +281,11 @@ class Settings(BaseSettings):
     #: The event loop of long-running commands: ``auto`` (uvloop if installed, else asyncio's),
     #: ``uvloop`` or ``asyncio`` (``pipeline.runtime.event_loop``).
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    #: The HTTP client of webhook requests: ``aiohttp``, or ``reqwest`` (pyreqwest) for every
-    #: destination without TLS settings or a proxy of its own (``pipeline.http.reqwest_post``).
-    http_client: Literal["aiohttp", "reqwest"] = "reqwest"
+    #: The HTTP client of webhook requests: ``httptools`` (HTTP/1.1 on the event loop's own
+    #: connections, ``pipeline.http.h1_post``) or ``reqwest`` (pyreqwest,
+    #: ``pipeline.http.reqwest_post``) for every destination without TLS settings or a proxy of
+    #: its own, aiohttp for the rest; or ``aiohttp`` for every request.
+    http_client: Literal["httptools", "reqwest", "aiohttp"] = "httptools"
     #: Threads of the ``reqwest`` client's runtime. An answer waits on its thread for the GIL
     #: while the event loop runs; on one thread every other socket waits with it (1: pyreqwest's
     #: own single-threaded runtime).

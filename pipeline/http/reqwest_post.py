@@ -38,7 +38,7 @@ from pyreqwest.runtime import runtime_worker_threads
 
 from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
-from pipeline.http.sender import answered, unanswered
+from pipeline.http.answers import answered, unanswered
 
 __all__ = ["PIN_SECONDS", "ReqwestPoster"]
 

@@ -31,7 +31,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -41,12 +41,12 @@ import aiohttp
 from pipeline.core.address_policy import AddressPolicy
 from pipeline.core.config import ClientTls, Destination, OAuth2
 from pipeline.core.endpoint_health import EndpointHealth
-from pipeline.core.log_entries import RESPONSE_SNIPPET_BYTES
-from pipeline.core.outcomes import Failure, UrlResult, classify, parse_retry_after
+from pipeline.core.outcomes import Failure, UrlResult
 from pipeline.core.secret_rotation import signing_secrets
 from pipeline.core.settings import Settings
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
 from pipeline.http.address_guard import BlockedAddressError, GuardedResolver, is_ip_literal
+from pipeline.http.answers import DETAIL_CHARS, answered, unanswered
 from pipeline.http.oauth2 import TokenError, Tokens
 from pipeline.http.request_tracing import passed_on, traced_post
 from pipeline.http.slots import OutSlots, Slots
@@ -56,6 +56,7 @@ from pipeline.runtime.client_tls import ClientTlsError, client_tls_context
 from pipeline.runtime.tracing import TraceHeaders
 
 if TYPE_CHECKING:
+    from pipeline.http.h1_post import H1Poster
     from pipeline.http.reqwest_post import ReqwestPoster
 
 __all__ = ["WebhookSender", "USER_AGENT", "BlockedAddressError", "GuardedResolver", "Probe"]
@@ -80,9 +81,6 @@ class Probe:
     body: str
     seconds: float
     error: str | None = None
-
-
-_DETAIL_CHARS = 200
 
 
 #: How often a record waiting for a host's slot checks whether its endpoint fell silent.
@@ -139,8 +137,9 @@ class WebhookSender:
         #: (when the verdict expires, the refusal or ``None``).
         self._verdicts: dict[str, tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
-        #: Requests without TLS settings or a proxy of their own, with PIPELINE_HTTP_CLIENT=reqwest.
-        self._reqwest: ReqwestPoster | None = None
+        #: Requests without TLS settings or a proxy of their own, unless PIPELINE_HTTP_CLIENT is
+        #: aiohttp (which serves the others).
+        self._poster: H1Poster | ReqwestPoster | None = None
         self._slots: dict[str, Slots] = {}
         self._out = OutSlots()
         self._targets: dict[str, _Target] = {}
@@ -167,10 +166,19 @@ class WebhookSender:
             # Cookies a receiver sets are never sent back, to it or to anyone else.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        if self._settings.http_client == "reqwest":
+        if self._settings.http_client == "httptools":
+            from pipeline.http.h1_post import H1Poster
+
+            self._poster = H1Poster(
+                self._resolver,
+                self._settings.delivery_timeout,
+                max_bytes=_MAX_RESPONSE_BYTES,
+                ssl_context=self._ssl,
+            )
+        elif self._settings.http_client == "reqwest":
             from pipeline.http.reqwest_post import ReqwestPoster
 
-            self._reqwest = await ReqwestPoster(
+            self._poster = await ReqwestPoster(
                 self._resolver,
                 self._settings.delivery_timeout,
                 max_bytes=_MAX_RESPONSE_BYTES,
@@ -181,9 +189,9 @@ class WebhookSender:
 
     async def aclose(self) -> None:
         self._awake.stop()
-        if self._reqwest is not None:
-            await self._reqwest.aclose()
-            self._reqwest = None
+        if self._poster is not None:
+            await self._poster.aclose()
+            self._poster = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -259,7 +267,7 @@ class WebhookSender:
                 try:
                     token = await self._tokens.token(oauth)
                 except TokenError as exc:  # no request without its token: retried as auth_error
-                    detail = str(exc)[:_DETAIL_CHARS]
+                    detail = str(exc)[:DETAIL_CHARS]
                     return [
                         UrlResult(h.url, failure=Failure.AUTH_ERROR, detail=detail) for h in hooks
                     ]
@@ -313,7 +321,7 @@ class WebhookSender:
         try:
             fresh = await self._tokens.token(oauth)
         except TokenError as exc:  # no new token to try: retried as auth_error, not a 4xx
-            detail = str(exc)[:_DETAIL_CHARS]
+            detail = str(exc)[:DETAIL_CHARS]
             return [
                 UrlResult(r.url, failure=Failure.AUTH_ERROR, detail=detail)
                 if r.status == 401
@@ -439,7 +447,7 @@ class WebhookSender:
             assert target.failure is not None
             return UrlResult(url, failure=target.failure, detail=target.detail)
         if isinstance(tls, str):
-            return UrlResult(url, failure=Failure.CONNECTION_ERROR, detail=tls[:_DETAIL_CHARS])
+            return UrlResult(url, failure=Failure.CONNECTION_ERROR, detail=tls[:DETAIL_CHARS])
         if proxy is not None:  # the proxy connects to the target: judge the target here
             blocked = await self._refusal_behind_proxy(target.host)
             if blocked is not None:
@@ -461,8 +469,8 @@ class WebhookSender:
             health.started(endpoint)
             result: UrlResult | None = None
             try:
-                if self._reqwest is not None and tls is None and proxy is None:
-                    result = await self._reqwest.post(url, target.host, target.port, headers, body)
+                if self._poster is not None and tls is None and proxy is None:
+                    result = await self._poster.post(url, target.host, target.port, headers, body)
                 else:
                     result = await self.post(url, headers, body, tls, proxy)
             finally:
@@ -559,27 +567,6 @@ class WebhookSender:
         if isinstance(exc, aiohttp.ClientResponseError | aiohttp.ClientPayloadError):
             return Failure.BAD_RESPONSE, _describe(exc)
         return Failure.CONNECTION_ERROR, _describe(exc)
-
-
-def answered(
-    url: str, status: int, headers: Mapping[str, str], body: bytes, started: float
-) -> UrlResult:
-    """What an answer to a POST made at ``started`` (monotonic seconds) means: its status, its
-    ``Retry-After`` on a 429 or 503, and the first bytes of its ``body``."""
-    failure = classify(status)
-    if failure is None:
-        return UrlResult(url, status, None, "", time.monotonic() - started)
-    retry_after = None
-    if status in (429, 503):
-        retry_after = parse_retry_after(headers.get("Retry-After"), time.time())
-    snippet = body[:RESPONSE_SNIPPET_BYTES].decode("utf-8", "replace")
-    took = time.monotonic() - started
-    return UrlResult(url, status, failure, snippet[:_DETAIL_CHARS], took, retry_after, snippet)
-
-
-def unanswered(url: str, failure: Failure, detail: str, started: float) -> UrlResult:
-    """A POST made at ``started`` that got no answer (``failure``, in ``detail``'s words)."""
-    return UrlResult(url, None, failure, detail[:_DETAIL_CHARS], time.monotonic() - started)
 
 
 def merged_headers(static: dict[str, str], signed: dict[str, str]) -> dict[str, str]:

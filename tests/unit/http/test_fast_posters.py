@@ -1,7 +1,8 @@
-"""``PIPELINE_HTTP_CLIENT=reqwest``: the sender's requests through pyreqwest mean what they mean
-through aiohttp (status, failure, snippet, ``Retry-After``), the SSRF guard holds for host names
-(pinned to the address judged) and IP literals, redirects are not followed, and a destination with
-its own TLS settings or proxy stays on aiohttp. Real servers on 127.0.0.1."""
+"""``PIPELINE_HTTP_CLIENT=httptools`` and ``reqwest``: the sender's requests through either mean
+what they mean through aiohttp (status, failure, snippet, ``Retry-After``), the SSRF guard holds
+for host names (pinned to the address judged) and IP literals, redirects are not followed, and a
+destination with its own TLS settings or proxy stays on aiohttp; pyreqwest's runtime threads.
+Real servers on 127.0.0.1 (``test_h1_post`` has the httptools client's own)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ from tests.support import ROOT
 from tests.unit.http._receiving import sender_and_server
 
 LOOPBACK = Settings(http_client="reqwest", allowed_networks=("127.0.0.0/8",), delivery_timeout=1.0)
+
+
+@pytest.fixture(params=["httptools", "reqwest"])
+def loopback(request: pytest.FixtureRequest) -> Settings:
+    """Settings of a sender on either client that may reach 127.0.0.1."""
+    return LOOPBACK.model_copy(update={"http_client": request.param})
 
 
 def destination(url: str, **fields: object) -> Destination:
@@ -59,7 +66,7 @@ def with_server(
 
     async def go() -> None:
         async with sender_and_server(handle, settings, tls) as (sender, port):
-            assert sender._reqwest is not None
+            assert sender._poster is not None
             await test(sender, f"{'https' if tls else 'http'}://127.0.0.1:{port}", seen)
 
     asyncio.run(go())
@@ -70,7 +77,7 @@ async def post(sender: WebhookSender, url: str, **fields: object) -> UrlResult:
     return result
 
 
-def test_answers_mean_what_they_mean_through_aiohttp() -> None:
+def test_answers_mean_what_they_mean_through_aiohttp(loopback: Settings) -> None:
     async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
         ok = await post(sender, f"{base}/ok")
         assert (ok.status, ok.failure) == (200, None)
@@ -89,10 +96,10 @@ def test_answers_mean_what_they_mean_through_aiohttp() -> None:
         assert (hung.status, hung.failure) == (None, Failure.TIMEOUT)
         assert hung.detail == "no answer within 1 s" and hung.duration < 2.5
 
-    with_server(test)
+    with_server(test, loopback)
 
 
-def test_a_refused_connection_and_an_answer_that_is_not_http() -> None:
+def test_a_refused_connection_and_an_answer_that_is_not_http(loopback: Settings) -> None:
     async def test(sender: WebhookSender, _base: str, _seen: list[web.Request]) -> None:
         refused = await post(sender, f"http://127.0.0.1:{free_port()}/hook")
         assert (refused.status, refused.failure) == (None, Failure.CONNECTION_ERROR)
@@ -113,10 +120,10 @@ def test_a_refused_connection_and_an_answer_that_is_not_http() -> None:
         assert bad.status is None
         assert bad.failure is Failure.BAD_RESPONSE
 
-    with_server(test)
+    with_server(test, loopback)
 
 
-def test_a_self_signed_receiver_is_a_tls_error_and_gets_no_request() -> None:
+def test_a_self_signed_receiver_is_a_tls_error_and_gets_no_request(loopback: Settings) -> None:
     authority = trustme.CA()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     authority.issue_cert("127.0.0.1").configure_cert(context)
@@ -128,10 +135,10 @@ def test_a_self_signed_receiver_is_a_tls_error_and_gets_no_request() -> None:
         assert "certificate" in result.detail.lower()
         assert seen == []
 
-    with_server(test, tls=context)
+    with_server(test, loopback, tls=context)
 
 
-def test_a_host_name_is_judged_and_pinned_to_the_address_judged() -> None:
+def test_a_host_name_is_judged_and_pinned_to_the_address_judged(loopback: Settings) -> None:
     async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
         named = base.replace("127.0.0.1", "localhost")
         result = await post(sender, f"{named}/ok")
@@ -140,11 +147,11 @@ def test_a_host_name_is_judged_and_pinned_to_the_address_judged() -> None:
         assert seen[0].transport is not None
         assert seen[0].transport.get_extra_info("peername")[0] == "127.0.0.1"
 
-    with_server(test)
+    with_server(test, loopback)
 
 
-def test_the_ssrf_guard_refuses_a_blocked_host_name_and_ip_literal() -> None:
-    guarded = Settings(http_client="reqwest", delivery_timeout=1.0)  # loopback not allowed
+def test_the_ssrf_guard_refuses_a_blocked_host_name_and_ip_literal(loopback: Settings) -> None:
+    guarded = loopback.model_copy(update={"allowed_networks": ()})  # loopback not allowed
 
     async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
         by_name = await post(sender, base.replace("127.0.0.1", "localhost") + "/ok")
@@ -157,8 +164,8 @@ def test_the_ssrf_guard_refuses_a_blocked_host_name_and_ip_literal() -> None:
     with_server(test, guarded)
 
 
-def test_a_destination_with_its_own_proxy_stays_on_aiohttp() -> None:
-    """reqwest would not go through it the guarded way: the request goes to the proxy,
+def test_a_destination_with_its_own_proxy_stays_on_aiohttp(loopback: Settings) -> None:
+    """Neither would go through it the guarded way: the request goes to the proxy,
     as aiohttp sends it (a refusing proxy's answer, in aiohttp's words)."""
 
     async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
@@ -172,7 +179,7 @@ def test_a_destination_with_its_own_proxy_stays_on_aiohttp() -> None:
         assert "ClientProxyConnectionError" in result.detail
         assert seen == []
 
-    with_server(test)
+    with_server(test, loopback)
 
 
 def test_a_host_is_pinned_once_and_keeps_its_client_while_its_address_holds(
@@ -183,7 +190,7 @@ def test_a_host_is_pinned_once_and_keeps_its_client_while_its_address_holds(
 
     async def test(sender: WebhookSender, base: str, seen: list[web.Request]) -> None:
         named = base.replace("127.0.0.1", "localhost") + "/ok"
-        poster = sender._reqwest
+        poster = sender._poster
         assert poster is not None
         built: list[str] = []
         build = poster._client
