@@ -8,6 +8,8 @@ reported.
 
 Variants:
 
+- ``aiohttp``, ``reqwest``, ``httptools``: ``PIPELINE_HTTP_CLIENT`` (``httptools``, the
+  pipeline's own HTTP/1.1 client, is the default; it is also reported against ``reqwest``);
 - ``asyncio``: ``PIPELINE_EVENT_LOOP=asyncio``, the standard library's event loop;
 - ``uvloop``: ``PIPELINE_EVENT_LOOP=uvloop`` (the default where it is installed);
 - ``one CPU``: ``PIPELINE_CPU_AFFINITY=auto``, the worker's threads kept on one CPU (also
@@ -29,16 +31,21 @@ __all__ = ["VARIANTS", "section_hot_path"]
 VARIANTS: dict[str, dict[str, str]] = {
     "aiohttp, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "aiohttp"},
     "aiohttp, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "aiohttp"},
-    "reqwest, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "reqwest"},
     "reqwest, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "reqwest"},
-    "reqwest, uvloop, one CPU": {
+    "httptools, asyncio": {"PIPELINE_EVENT_LOOP": "asyncio", "PIPELINE_HTTP_CLIENT": "httptools"},
+    "httptools, uvloop": {"PIPELINE_EVENT_LOOP": "uvloop", "PIPELINE_HTTP_CLIENT": "httptools"},
+    "httptools, uvloop, one CPU": {
         "PIPELINE_EVENT_LOOP": "uvloop",
-        "PIPELINE_HTTP_CLIENT": "reqwest",
+        "PIPELINE_HTTP_CLIENT": "httptools",
         "PIPELINE_CPU_AFFINITY": "auto",
     },
 }
-#: (variant, what it is measured against) beside the first variant: the defaults against one CPU.
-ALSO = (("reqwest, uvloop, one CPU", "reqwest, uvloop"),)
+#: (variant, what it is measured against) beside the first variant: the defaults against
+#: reqwest's, and against one CPU.
+ALSO = (
+    ("httptools, uvloop", "reqwest, uvloop"),
+    ("httptools, uvloop, one CPU", "httptools, uvloop"),
+)
 
 
 def section_hot_path(

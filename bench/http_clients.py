@@ -8,8 +8,9 @@ Starts one ``bench._receiver`` process on 127.0.0.1 (answers 200 ``ok`` at once)
 process, POSTs ``--requests`` webhook bodies (~300 bytes of JSON, the headers the pipeline sends:
 Content-Type, User-Agent, X-Signature and the Standard Webhooks trio) to it with ``--concurrency``
 (100) in flight to the one host, reading each answer's status and at most 1 KiB of its body, with
-each client in turn: aiohttp (configured as ``pipeline.http.sender`` configures it) and pyreqwest
-(reqwest/hyper/tokio in Rust), each on the default asyncio loop and on uvloop; rnet (also Rust)
+each client in turn: aiohttp (configured as ``pipeline.http.sender`` configures it), pyreqwest
+(reqwest/hyper/tokio in Rust) and the pipeline's own HTTP/1.1 client (``pipeline.http.h1_post``,
+httptools parsing), each on the default asyncio loop and on uvloop; rnet (also Rust)
 too when it can be imported (it is no dependency of ours: ``pip install --target /tmp/extra rnet``
 and ``PYTHONPATH=/tmp/extra``). Each client opens its connections first (a warm-up of 1,000
 requests, not measured), as a running worker has them.
@@ -34,6 +35,7 @@ import asyncio
 import gc
 import os
 import resource
+import ssl
 import statistics
 import sys
 import time
@@ -43,11 +45,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from pipeline.core.address_policy import AddressPolicy
 from pipeline.core.signing import SIGNATURE_HEADER, sign, standard_webhooks_headers
+from pipeline.http.address_guard import GuardedResolver
+from pipeline.http.h1_post import H1Poster
 from pipeline.http.sender import USER_AGENT
 
 from ._harness import Receiver
@@ -146,6 +152,30 @@ async def pyreqwest_client(url: str, body: bytes, headers: dict[str, str]) -> As
 
 
 @asynccontextmanager
+async def httptools_client(url: str, body: bytes, headers: dict[str, str]) -> AsyncIterator[Post]:
+    """The pipeline's own client (``PIPELINE_HTTP_CLIENT=httptools``), as the sender sets it up:
+    HTTP/1.1 on the event loop's connections, kept alive, at most ``BODY_CAP`` of an answer read
+    (its result's status, snippet and ``Retry-After`` made as for a delivery)."""
+    policy = AddressPolicy.parse(("127.0.0.0/8",))
+    poster = H1Poster(
+        GuardedResolver(policy),
+        REQUEST_TIMEOUT,
+        max_bytes=BODY_CAP,
+        ssl_context=ssl.create_default_context(),
+    )
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 80
+
+    async def post() -> int:
+        return (await poster.post(url, host, port, headers, body)).status or 0
+
+    try:
+        yield post
+    finally:
+        await poster.aclose()
+
+
+@asynccontextmanager
 async def rnet_client(url: str, body: bytes, headers: dict[str, str]) -> AsyncIterator[Post]:
     """rnet (wreq/tokio in Rust): no redirects, a total timeout, no decompression; the answer
     streamed, read until ``BODY_CAP`` bytes or its end."""
@@ -197,6 +227,8 @@ def _clients() -> list[Client]:
         Client("aiohttp/uvloop", aiohttp_client, "uvloop"),
         Client("pyreqwest/asyncio", pyreqwest_client, "asyncio"),
         Client("pyreqwest/uvloop", pyreqwest_client, "uvloop"),
+        Client("httptools/asyncio", httptools_client, "asyncio"),
+        Client("httptools/uvloop", httptools_client, "uvloop"),
         Client("rnet/asyncio", rnet_client, "asyncio"),
         Client("rnet/uvloop", rnet_client, "uvloop"),
     ]

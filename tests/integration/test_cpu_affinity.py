@@ -50,10 +50,12 @@ def delivered_by(
     process_factory: Callable[..., subprocess.Popen[bytes]],
     *args: str,
     affinity: str,
+    client: str = "httptools",
 ) -> subprocess.Popen[bytes]:
     """A process started with ``args`` that has delivered calls (so all its threads run)."""
     apply(settings, simple_config(receiver.url))
-    process = process_factory(settings, *args, env={"PIPELINE_CPU_AFFINITY": affinity})
+    env = {"PIPELINE_CPU_AFFINITY": affinity, "PIPELINE_HTTP_CLIENT": client}
+    process = process_factory(settings, *args, env=env)
     send_calls(settings, calls(10, "a"), "wk")
     wait_for(lambda: unique_delivered(receiver) == 10, timeout=90)
     return process
@@ -72,6 +74,7 @@ def test_a_worker_keeps_every_thread_on_the_cpu_it_is_given(
         "worker",
         "--no-log-store",
         affinity=f"{cpu},{ALLOWED[0]}",  # alone, the first of the list
+        client="reqwest",  # its runtime's threads start later
     )
     threads = thread_cpus(worker.pid)
     assert list(threads) == [cpu], threads
