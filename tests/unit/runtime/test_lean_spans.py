@@ -16,7 +16,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline.runtime import tracing
-from pipeline.runtime.lean_spans import EncodedSpan, Encoder, LeanSpan, Limits, Sink
+from pipeline.runtime.lean_spans import (
+    EncodedSpan,
+    Encoder,
+    LeanSpan,
+    Limits,
+    Sink,
+    parse_traceparent,
+)
 from tests.otlp_collector import start_collector
 from tests.support import ServerThread, wait_for
 
@@ -191,12 +198,17 @@ def test_the_console_exporter_or_another_sampler_keeps_the_sdks_spans() -> None:
 def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def export_batch_size() -> int:
-        (processor,) = tracing._state.provider._active_span_processor._span_processors
-        return int(processor._batch_processor._max_export_batch_size)
+    """The SDK's spans in requests of 2,048, and lean spans too: 64 bundles of 32; the standard
+    variables' sizes hold for both (a lean request never carries more spans than they say)."""
+
+    def spans_a_request() -> tuple[int, int]:
+        sdk, lean = tracing._state.provider._active_span_processor._span_processors
+        assert lean is tracing._state.lean
+        lean_batch = lean._processor._batch_processor._max_export_batch_size
+        return sdk._batch_processor._max_export_batch_size, lean_batch * lean._bundle
 
     tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
-    assert export_batch_size() == 2048
+    assert spans_a_request() == (2048, 2048)
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")
     tracing.configure(
         "worker",
@@ -205,7 +217,44 @@ def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwis
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
         },
     )
-    assert export_batch_size() == 100
+    assert spans_a_request() == (100, 96)
+
+
+def _step(sink: Sink, n: int) -> None:
+    ids = parse_traceparent(SAMPLED)
+    assert ids is not None
+    sink.step("route track", *ids, "", {"n": n}, [], [])
+
+
+def test_lean_spans_reach_the_processor_in_bundles_and_none_waits_long() -> None:
+    """Spans go in bundles of the size given, a bundle's bytes those of its spans one after
+    another (a request of them is the request of the spans); a bundle not full is handed over
+    within its wait, and at shutdown."""
+    processor = Kept()
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    one_by_one = Kept()
+    alone = Sink(one_by_one, encoder)
+    bundled = Sink(processor, encoder, bundle=4, wait=0.2)
+    for n in range(3):
+        _step(alone, n)
+        _step(bundled, n)
+    assert len(one_by_one.spans) == 3
+    assert processor.spans == []
+    _step(alone, 3)
+    _step(bundled, 3)
+    (bundle,) = processor.spans
+    assert type(bundle) is EncodedSpan
+    sent = ExportTraceServiceRequest.FromString(encoder.request([bundle]))
+    (scope,) = sent.resource_spans[0].scope_spans
+    assert [span.attributes[0].value.int_value for span in scope.spans] == [0, 1, 2, 3]
+    assert _comparable(encoder.request([bundle])) == _comparable(encoder.request(one_by_one.spans))
+    _step(bundled, 4)
+    wait_for(lambda: len(processor.spans) == 2, timeout=5)  # handed over within its wait
+    ended = Sink(Kept(), encoder, bundle=4, wait=60)
+    ended._processor.shutdown = lambda: None
+    _step(ended, 5)
+    ended.shutdown()
+    assert len(ended._processor.spans) == 1
 
 
 @pytest.mark.parametrize(
