@@ -233,6 +233,9 @@ def test_a_long_answer_is_read_no_further_than_the_limit_and_ends_its_connection
 
 
 def test_a_request_past_the_timeout_ends_its_connection() -> None:
+    """Given up within a sweep of its timeout (one timer looks for them all, and stops once
+    nothing is awaited); the connection is not used again."""
+
     async def test(sender: WebhookSender) -> None:
         async def late(
             number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -252,6 +255,10 @@ def test_a_request_past_the_timeout_ends_its_connection() -> None:
             )
             assert timed_out.duration < 1.5
             assert (await post(sender, f"{base}/h")).status == 200  # on a new connection
+        poster = sender._poster
+        assert isinstance(poster, h1_post.H1Poster)
+        await asyncio.sleep(0.3)  # a sweep finds nothing awaited: no timer left running
+        assert poster._sweeper is None and not poster._waiting
 
     run(test)
 
