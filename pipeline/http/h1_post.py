@@ -179,9 +179,9 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def timed_out(self) -> None:
-        """Its answer is past its deadline: given up, and the connection with it."""
-        self._fail(TimeoutError())
+    def give_up(self, exc: BaseException) -> None:
+        """Its answer will not be awaited (``exc`` says why): the connection ends with it."""
+        self._fail(exc)
         self.abort()
 
     def _done(self) -> None:
@@ -322,7 +322,7 @@ class H1Poster:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for connection in [c for c in self._waiting if c.deadline <= now]:
-            connection.timed_out()
+            connection.give_up(TimeoutError())
         if self._waiting:
             self._sweeper = loop.call_later(self._sweep_every, self._sweep)
 
@@ -399,6 +399,8 @@ class H1Poster:
             self._sweeper = None
         for task in self._pinning.values():
             task.cancel()
+        for connection in list(self._waiting):  # no sweep is left to end them
+            connection.give_up(ConnectionError("the sender was closed"))
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

@@ -383,3 +383,32 @@ def test_an_answer_with_connection_close_is_the_last_on_its_connection() -> None
                 assert (result.status, result.failure) == (200, None)
 
     run(test)
+
+
+def test_a_request_awaiting_its_answer_when_the_sender_closes_ends_at_once() -> None:
+    async def test(sender: WebhookSender) -> None:
+        async def silent(
+            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            await request_of(reader)
+            await asyncio.sleep(3)
+
+        poster = sender._poster
+        assert isinstance(poster, h1_post.H1Poster)
+        async with scripted(silent) as base:
+            pending = asyncio.create_task(poster.post(f"{base}/h", "127.0.0.1", 0, {}, b"{}"))
+            await wait_until(lambda: bool(poster._waiting))
+            await poster.aclose()
+            result = await asyncio.wait_for(pending, 0.5)  # not the 1 s timeout
+        assert (result.status, result.failure) == (None, Failure.CONNECTION_ERROR)
+        assert "sender was closed" in result.detail
+
+    run(test)
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 2 s")
