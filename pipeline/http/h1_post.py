@@ -11,7 +11,10 @@ already bounded by the sender's slots). Redirects are not followed, nothing is d
 cookie is kept, and at most ``max_bytes`` of an answer are read (an answer longer than that ends
 its connection). A reused connection that the receiver closed before it answered a byte (it
 timed out its idle connections as we sent) is replaced once by a new one, as browsers and
-reqwest do; on a new connection that is a failure.
+reqwest do; on a new connection that is a failure. Bytes after the answer awaited (a stray
+answer, a 408 to an idle connection) end the connection, so they never answer the next request;
+an answer cut short by the connection's end counts with the status it came with. Connections
+idle for ``IDLE_SECONDS`` are closed, and a host no longer sent to is forgotten.
 
 The SSRF guard holds by pinning, as with reqwest: a host name is resolved by the guarded resolver
 (which drops refused addresses and fails when none is left) and its connections go to the first
@@ -105,11 +108,17 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
 
     def data_received(self, data: bytes) -> None:
+        answer = self._answer
+        if answer is None or answer.done():  # bytes nobody asked for: never trust it again
+            self._stray()
+            return
         self._heard += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(BadAnswer(f"{type(exc).__name__}: {exc}"))
+        except httptools.HttpParserUpgrade:  # a 101: not an answer to a POST
+            self._fail(BadAnswer("the receiver switched protocols (101) unasked"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -128,6 +137,11 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 11 and name.lower() == b"retry-after":
             self._retry_after = value
+
+    def on_message_begin(self) -> None:
+        answer = self._answer
+        if answer is None or answer.done():  # a second answer after the one awaited
+            self._stray()
 
     def on_headers_complete(self) -> None:
         self._status = self._parser.get_status_code()
@@ -178,6 +192,12 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
+
+    def _stray(self) -> None:
+        """The receiver sent more than the answer awaited: a later request on this connection
+        would read it as its own answer, so the connection ends."""
+        self.reusable = False
+        self.close()
 
     def give_up(self, exc: BaseException) -> None:
         """Its answer will not be awaited (``exc`` says why): the connection ends with it."""
@@ -254,6 +274,7 @@ class H1Poster:
         self._waiting: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._sweep_every = min(SWEEP_SECONDS, timeout / 10)
+        self._next_tidy = 0.0
 
     async def start(self) -> H1Poster:
         return self
@@ -269,8 +290,9 @@ class H1Poster:
                 self._routes.clear()
             route = self._routes[url] = _Route(url)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-        if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
-            detail = "a header name or value holds a line break"
+        count = len(headers)
+        if lines.count("\n") != count or lines.count("\r") != count or "\0" in lines:
+            detail = "a header name or value holds a line break or NUL"
             return unanswered(url, Failure.CONNECTION_ERROR, detail, started)
         data = b"%b%bContent-Length: %d\r\n\r\n%b" % (
             route.start,
@@ -323,8 +345,21 @@ class H1Poster:
         now = loop.time()
         for connection in [c for c in self._waiting if c.deadline <= now]:
             connection.give_up(TimeoutError())
+        if now >= self._next_tidy:
+            self._next_tidy = now + IDLE_SECONDS / 2
+            self._tidy()
         if self._waiting:
             self._sweeper = loop.call_later(self._sweep_every, self._sweep)
+
+    def _tidy(self) -> None:
+        """Close the connections idle too long, and forget the hosts whose pin has expired with
+        none left (a host no longer sent to keeps no sockets open)."""
+        stale = time.monotonic() - IDLE_SECONDS
+        for key, pool in list(self._pools.items()):
+            while pool.idle and (pool.idle[0].closed or pool.idle[0].idle_since < stale):
+                pool.idle.popleft().close()  # the oldest are on the left
+            if not pool.idle and pool.until < stale:
+                del self._pools[key]
 
     def _idle(self, pool: _Pool) -> _Connection | None:
         """The most recently used idle connection still open and fresh (older ones closed)."""
@@ -358,16 +393,24 @@ class H1Poster:
         pool = self._pools.get(route.key)
         if pool is not None and pool.until > time.monotonic():
             return pool
-        if is_ip_literal(route.host):
-            pool = self._pools[route.key] = _Pool(route.host, float("inf"))
+        if is_ip_literal(route.host):  # judged already: kept while it is used
+            if pool is None:
+                pool = self._pools[route.key] = _Pool(route.host, 0.0)
+            pool.until = time.monotonic() + PIN_SECONDS
             return pool
         pinning = self._pinning.get(route.key)  # the requests that find it expired wait for one
         if pinning is None:
             key = route.key
             pinning = self._pinning[key] = asyncio.create_task(self._pin(route))
             pinning.add_done_callback(lambda _: self._pinning.pop(key, None))
-        async with asyncio.timeout_at(deadline):
-            return await asyncio.shield(pinning)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(pinning)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if pinning.cancelled() and task is not None and not task.cancelling():
+                raise ConnectionError("the sender was closed") from None  # by aclose
+            raise
 
     async def _pin(self, route: _Route) -> _Pool:
         resolved = await self._resolver.resolve(route.host, route.port, socket.AF_UNSPEC)

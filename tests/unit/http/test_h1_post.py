@@ -412,3 +412,101 @@ async def wait_until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("not within 2 s")
+
+
+def test_bytes_after_an_answer_end_the_connection_rather_than_answer_the_next_request() -> None:
+    """A receiver that sends a stray answer after the one asked for (or a 408 to an idle
+    connection): the next request goes on a new connection and gets its own answer."""
+
+    async def test(sender: WebhookSender) -> None:
+        async def stray(
+            number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            await request_of(reader)
+            writer.write(answer(200 if number == 0 else 201))
+            await writer.drain()
+            if number == 0:
+                await asyncio.sleep(0.02)
+                writer.write(answer(500, b"stray"))
+                await writer.drain()
+            await request_of(reader)
+            writer.write(answer(202))
+            await writer.drain()
+            await request_of(reader)
+
+        async with scripted(stray) as base:
+            first = await post(sender, f"{base}/h")
+            await asyncio.sleep(0.1)
+            second = await post(sender, f"{base}/h")
+        assert (first.status, second.status) == (200, 201)
+
+    run(test)
+
+
+def test_a_protocol_switch_is_a_bad_answer() -> None:
+    async def test(sender: WebhookSender) -> None:
+        async def switch(
+            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            await request_of(reader)
+            writer.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+            )
+            await writer.drain()
+            await request_of(reader)
+
+        async with scripted(switch) as base:
+            result = await post(sender, f"{base}/h")
+        assert (result.status, result.failure) == (None, Failure.BAD_RESPONSE)
+        assert "101" in result.detail
+
+    run(test)
+
+
+def test_idle_connections_and_hosts_no_longer_used_are_let_go() -> None:
+    async def test(sender: WebhookSender) -> None:
+        async def script(
+            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            await request_of(reader)
+            writer.write(answer(200))
+            await writer.drain()
+            await request_of(reader)
+
+        poster = sender._poster
+        assert isinstance(poster, h1_post.H1Poster)
+        async with scripted(script) as base:
+            assert (await post(sender, f"{base}/h")).status == 200
+            [pool] = poster._pools.values()
+            [connection] = pool.idle
+            poster._tidy()
+            assert [*poster._pools.values()] == [pool] and not connection.closed  # still fresh
+            connection.idle_since = pool.until = 0.0  # long idle, its pin long expired
+            poster._tidy()
+            assert poster._pools == {} and connection.closed
+
+    run(test)
+
+
+def test_a_request_waiting_for_its_host_to_resolve_when_the_sender_closes_fails_plainly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def test(sender: WebhookSender) -> None:
+        poster = sender._poster
+        assert isinstance(poster, h1_post.H1Poster)
+
+        async def slow(*_: object) -> object:
+            await asyncio.sleep(5)
+            raise AssertionError("not reached")
+
+        monkeypatch.setattr(poster._resolver, "resolve", slow)
+        pending = asyncio.create_task(
+            poster.post("http://localhost:9/h", "localhost", 9, {}, b"{}")
+        )
+        await wait_until(lambda: bool(poster._pinning))
+        await poster.aclose()
+        result = await asyncio.wait_for(pending, 0.5)
+        assert (result.status, result.failure) == (None, Failure.CONNECTION_ERROR)
+        assert "sender was closed" in result.detail
+
+    run(test)
