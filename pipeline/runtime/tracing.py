@@ -200,11 +200,20 @@ BUNDLE = 32
 
 
 def _span_counts(env: Mapping[str, str], queue: int | None, batch: int | None) -> tuple[int, int]:
-    """(the queue's size, a request's) in spans: ``queue`` and ``batch``, or the variables' (as
-    the SDK has checked them), or the SDK's defaults."""
-    queue = queue or int(env.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
-    batch = batch or int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 512)
-    return queue, batch
+    """(the queue's size, a request's) in spans: ``queue`` and ``batch``, or the variables', or
+    the SDK's defaults where a variable is unset or not a positive number (the SDK's processor,
+    made first, has warned of it)."""
+    return queue or _positive(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048), batch or _positive(
+        env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512
+    )
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        value = int(env.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _batch_sizes(env: Mapping[str, str]) -> tuple[int | None, int | None]:

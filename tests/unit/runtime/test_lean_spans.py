@@ -218,6 +218,11 @@ def test_a_request_carries_2048_spans_unless_the_standard_variables_say_otherwis
         },
     )
     assert spans_a_request() == (100, 96)
+    tracing.configure(  # as the SDK: a value that is no number leaves the default
+        "worker",
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_BSP_MAX_QUEUE_SIZE": "many"},
+    )
+    assert tracing._state.lean._processor._batch_processor._max_queue_size == 2048 // 32
 
 
 def _step(sink: Sink, n: int) -> None:
