@@ -193,6 +193,10 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def fresh(self, since: float) -> bool:
+        """Open, and idle since ``since`` (monotonic seconds) or later: fit to be used again."""
+        return not self.closed and self.idle_since >= since
+
     def _stray(self) -> None:
         """The receiver sent more than the answer awaited: a later request on this connection
         would read it as its own answer, so the connection ends."""
@@ -276,9 +280,6 @@ class H1Poster:
         self._sweep_every = min(SWEEP_SECONDS, timeout / 10)
         self._next_tidy = 0.0
 
-    async def start(self) -> H1Poster:
-        return self
-
     async def post(
         self, url: str, host: str, port: int, headers: dict[str, str], body: bytes
     ) -> UrlResult:
@@ -356,22 +357,19 @@ class H1Poster:
         none left (a host no longer sent to keeps no sockets open)."""
         stale = time.monotonic() - IDLE_SECONDS
         for key, pool in list(self._pools.items()):
-            while pool.idle and (pool.idle[0].closed or pool.idle[0].idle_since < stale):
+            while pool.idle and not pool.idle[0].fresh(stale):
                 pool.idle.popleft().close()  # the oldest are on the left
             if not pool.idle and pool.until < stale:
                 del self._pools[key]
 
     def _idle(self, pool: _Pool) -> _Connection | None:
         """The most recently used idle connection still open and fresh (older ones closed)."""
-        now = time.monotonic()
+        since = time.monotonic() - IDLE_SECONDS
         while pool.idle:
             connection = pool.idle.pop()
-            if connection.closed:
-                continue
-            if now - connection.idle_since > IDLE_SECONDS:
-                connection.close()
-                continue
-            return connection
+            if connection.fresh(since):
+                return connection
+            connection.close()
         return None
 
     async def _connect(self, route: _Route, address: str, deadline: float) -> _Connection:

@@ -200,9 +200,6 @@ class Sink:
         self._put(self._encoder.span(span))
 
     def _put(self, encoded: bytes) -> None:
-        if self._bundle == 1:
-            self._processor.on_end(EncodedSpan(encoded))
-            return
         pending = self._pending
         pending.append(encoded)
         if len(pending) >= self._bundle:

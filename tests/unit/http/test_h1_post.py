@@ -75,11 +75,30 @@ async def post(sender: WebhookSender, url: str) -> UrlResult:
     return result
 
 
+def connections_seen() -> tuple[set[object], Callable[[web.Request], Awaitable[web.Response]]]:
+    """A handler answering 200 ``ok``, and the connections (transports) its requests came on."""
+    peers: set[object] = set()
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        peers.add(request.transport)
+        return web.Response(text="ok")
+
+    return peers, handle
+
+
+def poster_of(sender: WebhookSender) -> h1_post.H1Poster:
+    """The sender's httptools client (it has one with these settings)."""
+    poster = sender._poster
+    assert isinstance(poster, h1_post.H1Poster)
+    return poster
+
+
 def run(test: Callable[[WebhookSender], Awaitable[None]], settings: Settings = SETTINGS) -> None:
     async def go() -> None:
         sender = await WebhookSender(settings).start()
         try:
-            assert isinstance(sender._poster, h1_post.H1Poster)
+            poster_of(sender)  # the httptools client is the one tested
             await test(sender)
         finally:
             await sender.aclose()
@@ -118,12 +137,7 @@ def test_the_request_on_the_wire() -> None:
 
 def test_a_connection_is_kept_alive_and_a_host_gets_no_more_than_its_requests_in_flight() -> None:
     """20 requests one after another go over one connection; 10 at once open 10 at most."""
-    peers: set[object] = set()
-
-    async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        peers.add(request.transport)
-        return web.Response(text="ok")
+    peers, handle = connections_seen()
 
     async def go() -> None:
         async with sender_and_server(handle, SETTINGS) as (sender, port):
@@ -220,8 +234,7 @@ def test_a_long_answer_is_read_no_further_than_the_limit_and_ends_its_connection
             await writer.drain()
             await request_of(reader)
 
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
         async with scripted(script) as base:
             first = await post(sender, f"{base}/h")
             [pool] = poster._pools.values()
@@ -255,8 +268,7 @@ def test_a_request_past_the_timeout_ends_its_connection() -> None:
             )
             assert timed_out.duration < 1.5
             assert (await post(sender, f"{base}/h")).status == 200  # on a new connection
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
         await asyncio.sleep(0.3)  # a sweep finds nothing awaited: no timer left running
         assert poster._sweeper is None and not poster._waiting
 
@@ -275,8 +287,7 @@ def test_a_header_with_a_line_break_is_never_sent() -> None:
         ) -> None:
             got.append(await reader.read(1024))
 
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
         async with scripted(script) as base:
             result = await poster.post(
                 f"{base}/h", "127.0.0.1", 0, {"X-A": "1\r\n\r\nPOST /other HTTP/1.1"}, b"{}"
@@ -330,17 +341,11 @@ def test_a_host_is_pinned_once_and_keeps_its_connections_while_its_address_holds
 ) -> None:
     """Many first requests to a host wait for one resolution; once its pin expires the host is
     judged again, and the same address keeps the same pool (and its connections)."""
-    peers: set[object] = set()
-
-    async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        peers.add(request.transport)
-        return web.Response(text="ok")
+    peers, handle = connections_seen()
 
     async def go() -> None:
         async with sender_and_server(handle, SETTINGS) as (sender, port):
-            poster = sender._poster
-            assert isinstance(poster, h1_post.H1Poster)
+            poster = poster_of(sender)
             resolved: list[str] = []
             resolve = poster._resolver.resolve
 
@@ -393,8 +398,7 @@ def test_a_request_awaiting_its_answer_when_the_sender_closes_ends_at_once() -> 
             await request_of(reader)
             await asyncio.sleep(3)
 
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
         async with scripted(silent) as base:
             pending = asyncio.create_task(poster.post(f"{base}/h", "127.0.0.1", 0, {}, b"{}"))
             await wait_until(lambda: bool(poster._waiting))
@@ -473,8 +477,7 @@ def test_idle_connections_and_hosts_no_longer_used_are_let_go() -> None:
             await writer.drain()
             await request_of(reader)
 
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
         async with scripted(script) as base:
             assert (await post(sender, f"{base}/h")).status == 200
             [pool] = poster._pools.values()
@@ -492,8 +495,7 @@ def test_a_request_waiting_for_its_host_to_resolve_when_the_sender_closes_fails_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def test(sender: WebhookSender) -> None:
-        poster = sender._poster
-        assert isinstance(poster, h1_post.H1Poster)
+        poster = poster_of(sender)
 
         async def slow(*_: object) -> object:
             await asyncio.sleep(5)
