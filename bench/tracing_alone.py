@@ -9,7 +9,7 @@ each pass, so the machine's drift reaches them all alike. Each situation runs wh
 for a call: the router's part (the call's trace headers, cleaned, its trace id for the log, its
 routing step, what it passes on) and the deliver role's (the record's trace headers, the
 request's span or its context passed on, around a request that costs nothing). At 100 % each
-call's two spans are made, encoded and queued; the exporter's request (about 1.5 ms of CPU per
+call's two spans are made, encoded and queued; the exporter's request (about 0.8 ms of CPU per
 2,048 spans, on its own thread) is not counted.
 """
 
@@ -76,7 +76,7 @@ async def _per_call(messages: list[_Message], passes: int) -> float:
                 trace = tracing.passed_on(trace)  # what its delivery records carry
             sent = tracing.trace_headers(trace)  # the deliver role: the record's headers
             if sent and tracing.recording(sent):  # as ``WebhookSender.attempt`` decides
-                await traced_post(_post, URL, headers, sent, 0, {"pipeline.destination": "d1"})
+                await traced_post(_post, URL, headers, sent, 0, "d1", "m-1")
             else:
                 await _post(passed_on(headers, sent) if sent else headers)
         best = min(best, (time.process_time() - started) / len(messages) * 1e6)

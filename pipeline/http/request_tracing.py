@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pipeline.core.outcomes import UrlResult
 from pipeline.runtime import tracing
+from pipeline.runtime.lean_spans import TRACEPARENT_FORM, Sink, Started
 
 __all__ = ["traced_post", "passed_on"]
 
@@ -45,6 +46,11 @@ def passed_on(headers: dict[str, str], trace: tracing.TraceHeaders) -> dict[str,
     attributes for a context that only passes through). Cleaned again: a record on
     ``deliveries`` someone else produced must not fail the request."""
     passed = headers.copy()
+    if len(trace) == 1:  # the common case: a traceparent alone
+        name, value = trace[0]
+        if name == tracing.TRACEPARENT and TRACEPARENT_FORM.fullmatch(value):
+            passed[name] = value.decode("latin-1")
+        return passed
     for name, value in tracing.cleaned(trace):
         passed[name] = value.decode("latin-1")
     return passed
@@ -56,18 +62,27 @@ async def traced_post(
     headers: dict[str, str],
     trace: tracing.TraceHeaders,
     resends: int,
-    attributes: dict[str, str],
+    destination: str,
+    message_id: str,
     sent: bool = True,
 ) -> UrlResult:
-    """``post(headers)`` with the trace context ``trace`` (``attributes``: the span's own, for a
-    recorded one); ``sent``: in the request's headers (a destination's ``trace_context``)."""
+    """``post(headers)`` with the trace context ``trace``: the attempt of ``message_id`` to
+    ``destination``; ``sent``: in the request's headers (a destination's ``trace_context``)."""
+    lean = tracing.lean()
+    if lean is not None:
+        begun = tracing.begun(trace)
+        if begun is None:
+            return await post(passed_on(headers, trace) if sent else headers)
+        return await _lean_post(
+            lean, begun, post, url, headers, resends, destination, message_id, sent
+        )
     span = None
     if trace and tracing.recording(trace):
         span = tracing.child_span(
             "POST",
             trace,
             tracing.SpanKind.CLIENT,
-            {"http.request.method": "POST", **_url_attributes(url), **attributes},
+            {**_shared(url, destination), "pipeline.message_id": message_id},
         )
     if span is None:
         if not sent:
@@ -87,9 +102,62 @@ async def traced_post(
     if result.status is not None:
         span.set_attribute("http.response.status_code", result.status)
     if not result.ok:
-        failure = result.failure
-        error = str(result.status) if result.status is not None else str(failure)
-        span.set_attribute("error.type", error)
+        span.set_attribute("error.type", _error_type(result))
         span.set_status(tracing.StatusCode.ERROR)
     span.end()
     return result
+
+
+async def _lean_post(
+    lean: Sink,
+    begun: Started,
+    post: Post,
+    url: str,
+    headers: dict[str, str],
+    resends: int,
+    destination: str,
+    message_id: str,
+    sent: bool,
+) -> UrlResult:
+    """``traced_post`` with a lean span: no span object, its URL's and destination's attributes
+    encoded once (what the SDK's span of the same content would send)."""
+    if sent:
+        headers = {**headers, tracing.TRACEPARENT: begun.traceparent.decode()}
+        if begun.trace_state:
+            headers[tracing.TRACESTATE] = begun.trace_state
+    own: dict[str, str | int] = {"pipeline.message_id": message_id}
+    if resends:
+        own["http.request.resend_count"] = resends
+    shared = lean.block((url, destination), _shared_of)
+    try:
+        result = await post(headers)
+    except BaseException as exc:
+        own["error.type"] = type(exc).__qualname__
+        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, True)
+        raise
+    if result.status is not None:
+        own["http.response.status_code"] = result.status
+    if result.ok:
+        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, False)
+    else:
+        own["error.type"] = _error_type(result)
+        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, True)
+    return result
+
+
+def _shared_of(key: tuple[str, str]) -> dict[str, str | int]:
+    return _shared(*key)
+
+
+def _shared(url: str, destination: str) -> dict[str, str | int]:
+    """The attributes of every attempt to ``url`` for ``destination``."""
+    return {
+        "http.request.method": "POST",
+        **_url_attributes(url),
+        "pipeline.destination": destination,
+    }
+
+
+def _error_type(result: UrlResult) -> str:
+    """A failed answer's ``error.type``: its status, or what failed."""
+    return str(result.status) if result.status is not None else str(result.failure)

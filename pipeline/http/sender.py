@@ -284,7 +284,8 @@ class WebhookSender:
                     headers,
                     trace,
                     resends,
-                    {"pipeline.destination": destination.id, "pipeline.message_id": message_id},
+                    destination.id,
+                    message_id,
                     destination.trace_context,
                 )
 

@@ -472,19 +472,35 @@ def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:
         return tracing.passed_on(trace)  # (its span's attributes are not even made)
     call = decision.call
     assert call is not None
-    attributes: dict[str, Any] = {
-        "pipeline.call.type": call.type.value,
-        "pipeline.message_id": call.message_id,
-        "pipeline.source": call.source_id,
-        "pipeline.destinations": [name for _, name in decision.keys],
-    }
-    if decision.dropped is not None:
-        attributes["pipeline.drop_reason"] = decision.dropped.value
+    kind = call.type.value
+    names = tuple([name for _, name in decision.keys])
     left_out = [
         ("destination left out", {"pipeline.destination": name, "reason": reason.value})
         for name, reason in decision.excluded
     ]
-    return tracing.step(trace, f"route {call.type.value}", attributes, events=left_out)
+    return tracing.step(
+        trace,
+        f"route {kind}",
+        {"pipeline.message_id": call.message_id},
+        events=left_out,
+        shared=((kind, call.source_id, names, decision.dropped), _routing_attributes),
+    )
+
+
+def _routing_attributes(
+    shared: tuple[str, str, tuple[str, ...], DropReason | None],
+) -> dict[str, Any]:
+    """What a routing span shares with every routing of the same kind, source, destinations and
+    drop reason (kept encoded)."""
+    kind, source, names, dropped = shared
+    attributes: dict[str, Any] = {
+        "pipeline.call.type": kind,
+        "pipeline.source": source,
+        "pipeline.destinations": list(names),
+    }
+    if dropped is not None:
+        attributes["pipeline.drop_reason"] = dropped.value
+    return attributes
 
 
 def _resend_detail(first_received: int | None) -> str:

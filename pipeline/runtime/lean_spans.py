@@ -6,11 +6,12 @@ extracted and injected through the propagator) and about 50 µs to encode (the O
 protobuf object per attribute and hashes the resource per span): at 100 % sampling that halved a
 worker's deliveries per core. Here a span is a plain record (``LeanSpan``): the parent's ids are
 read straight from the ``traceparent`` the pipeline carries (already checked to be W3C, see
-``tracing.cleaned``). When it ends it is written as OTLP protobuf bytes at once (``Encoder``: the
-repeating key-values and names kept encoded), and those bytes wait in the SDK's batch processor;
-the exporter (``make_exporter``) puts them in one request under the resource and scope, encoded
-once, beside the library's encoding of any SDK span of the same batch (protobuf concatenates
-repeated fields).
+``tracing.cleaned``); the hot ones (a routing, an attempt) are not even objects, only their fields
+(``Sink.step``, ``Sink.ended``). Their bundle is written as OTLP protobuf bytes when it is handed
+to the SDK's batch processor (``Encoder``: the repeating key-values and names kept encoded, the
+attributes many spans share encoded once, ``Encoder.block``); the exporter (``make_exporter``)
+puts the bytes in one request under the resource and scope, encoded once, beside the library's
+encoding of any SDK span of the same batch (protobuf concatenates repeated fields).
 
 Only spans whose parent is a sampled context from a record are lean, and only while the sampler is
 parent-based (it then keeps every such span, as the SDK would); the rest (a new trace at ingestion,
@@ -25,22 +26,25 @@ against, and ``tests/unit/runtime/test_lean_spans.py`` exports through it to a r
 
 from __future__ import annotations
 
-import binascii
 import collections
 import logging
 import random
 import re
-import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from opentelemetry.trace import SpanKind, StatusCode, TraceFlags
+
+from pipeline.runtime.otlp_encoder import Block, Encoder, Limits
 
 __all__ = [
     "LeanSpan",
     "EncodedSpan",
+    "Block",
+    "Started",
+    "started",
     "Sink",
     "Limits",
     "Encoder",
@@ -52,9 +56,6 @@ __all__ = [
 log = logging.getLogger("pipeline.tracing")
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-#: ``Span.flags``: whether the parent is remote is known (0x100), and it is (0x200), as the SDK's
-#: encoder writes them for a parent read from a carrier.
-_REMOTE_PARENT_FLAGS = 0x300
 
 
 #: A ``traceparent`` the pipeline passes on: version 00, exactly (W3C Trace Context), its trace
@@ -89,6 +90,31 @@ def new_span_id() -> bytes:
 def _traceparent_of(trace_id: bytes, span_id: bytes) -> bytes:
     """The ``traceparent`` of a lean span (ids in hex): always sampled."""
     return b"00-" + trace_id + b"-" + span_id + b"-01"
+
+
+class Started(NamedTuple):
+    """A lean span begun and not yet ended, as little as it needs (``Sink.ended``): its ids in
+    hex, its parent's trace state, when it began (epoch ns), and its own ``traceparent``."""
+
+    trace_id: bytes
+    parent_id: bytes
+    trace_state: str
+    span_id: bytes
+    time: int
+    traceparent: bytes
+
+
+def started(trace_id: bytes, parent_id: bytes, trace_state: str) -> Started:
+    """A lean span of that parent begun now."""
+    span_id = new_span_id()
+    return Started(
+        trace_id,
+        parent_id,
+        trace_state,
+        span_id,
+        time.time_ns(),
+        b"00-" + trace_id + b"-" + span_id + b"-01",
+    )
 
 
 class LeanSpan:
@@ -143,38 +169,61 @@ class LeanSpan:
         self.end_time: int | None = None
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.attributes[key] = value
+        if self.end_time is None:  # ended, it is the sink's (as the SDK, which ignores it)
+            self.attributes[key] = value
 
     def set_status(self, status: StatusCode) -> None:
-        if status is StatusCode.ERROR:
+        if status is StatusCode.ERROR and self.end_time is None:
             self.error = True
 
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        self.events.append((name, time.time_ns(), attributes or {}))
+        if self.end_time is None:
+            self.events.append((name, time.time_ns(), attributes or {}))
 
     def end(self, end_time: int | None = None) -> None:
         if self.end_time is not None:
             return
         self.end_time = time.time_ns() if end_time is None else end_time
-        self._sink.ended(self)
+        self._sink.span_ended(self)
+
+
+def _fields_of(span: LeanSpan) -> tuple[Any, ...]:
+    """What ``Encoder.encode`` is given for an ended ``span``."""
+    assert span.end_time is not None
+    return (
+        span.name,
+        span.kind,
+        span.trace_id,
+        span.span_id,
+        span.parent_id,
+        span.start_time,
+        span.end_time,
+        span.attributes,
+        span.trace_state,
+        span.events,
+        span.links,
+        span.error,
+    )
 
 
 class EncodedSpan(bytes):
-    """An ended lean span, encoded (a ``Span`` message's bytes as a ``ScopeSpans`` field), as it
-    waits in the span processor's queue for the exporter: encoded while its data is at hand, it
-    keeps no objects alive and leaves the exporter's thread only the request to send."""
+    """Ended lean spans, encoded (``Span`` messages' bytes as ``ScopeSpans`` fields), as they
+    wait in the span processor's queue for the exporter: encoded before they wait, they keep no
+    objects alive and leave the exporter's thread only the request to send."""
 
     __slots__ = ()
     context = _Sampled()
 
 
 class Sink:
-    """Where lean spans go when they end: encoded, to the span processor (the SDK's batch
-    processor, whose exporter is ``make_exporter``'s).
+    """Where lean spans go when they end: to the span processor (the SDK's batch processor,
+    whose exporter is ``make_exporter``'s), encoded.
 
     With ``bundle`` over 1, spans reach the processor in bundles: one ``EncodedSpan`` holding
     the bytes of up to ``bundle`` spans, one after another (protobuf concatenates repeated
-    fields, so the exporter's request is the same). Handing the processor a span cost a worker
+    fields, so the exporter's request is the same). A span waits for its bundle as the fields
+    ``Encoder.encode`` takes, and a bundle's spans are encoded together as it is handed over
+    (a span that cannot be is left out, and said). Handing the processor a span cost a worker
     some 6 µs (its checks, its queue, a ``getpid``), twice a sampled call. A bundle waits at
     most ``wait`` seconds (a thread hands over what is pending), and the processor's sizes are
     then counted in bundles (``tracing.configure`` divides them). As a span processor of the
@@ -189,24 +238,24 @@ class Sink:
         self._bundle = bundle
         #: Spans not yet handed over. Appended by the event loop, popped by whichever thread
         #: hands a bundle over (each span popped once: a deque's ends are safe between threads).
-        self._pending: collections.deque[bytes] = collections.deque()
+        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._stopped = threading.Event()
         if bundle > 1:
             threading.Thread(
                 target=self._hand_over_every, args=(wait,), name="lean-spans", daemon=True
             ).start()
 
-    def ended(self, span: LeanSpan) -> None:
-        self._put(self._encoder.span(span))
+    def span_ended(self, span: LeanSpan) -> None:
+        self._put(_fields_of(span))
 
-    def _put(self, encoded: bytes) -> None:
+    def _put(self, fields: tuple[Any, ...]) -> None:
         pending = self._pending
-        pending.append(encoded)
+        pending.append(fields)
         if len(pending) >= self._bundle:
             self.hand_over()
 
     def hand_over(self) -> None:
-        """Hand the spans pending in a bundle to the processor now."""
+        """Hand the spans pending in a bundle to the processor now, encoded."""
         pending, taken = self._pending, []
         try:
             for _ in range(len(pending)):
@@ -214,7 +263,17 @@ class Sink:
         except IndexError:  # the other thread took the rest
             pass
         if taken:
-            self._processor.on_end(EncodedSpan(b"".join(taken)))
+            encode = self._encoder.encode
+            try:
+                encoded = [encode(*fields) for fields in taken]
+            except Exception:  # a value no span can carry: the others go, that one is said
+                encoded = []
+                for fields in taken:
+                    try:
+                        encoded.append(encode(*fields))
+                    except Exception as error:
+                        log.error("tracing: span %r could not be encoded: %s", fields[0], error)
+            self._processor.on_end(EncodedSpan(b"".join(encoded)))
 
     def _hand_over_every(self, wait: float) -> None:
         while not self._stopped.wait(wait):
@@ -249,272 +308,66 @@ class Sink:
         attributes: Mapping[str, Any],
         events: Sequence[tuple[str, Mapping[str, Any]]],
         links: list[tuple[bytes, bytes, str]],
+        block: Block | None = None,
     ) -> bytes:
         """A span that ends as it starts (a step of a call's journey), its ``events`` at that
         moment, encoded to the span processor at once, with no ``LeanSpan`` made: what a
-        ``LeanSpan`` of the same content, ended at once, would send. Its ``traceparent``."""
+        ``LeanSpan`` of the same content, ended at once, would send (``block``: attributes it
+        shares with others, ``Encoder.block``). Its ``traceparent``."""
         span_id = new_span_id()
         now = time.time_ns()
-        encoded = self._encoder.encode(
-            name,
-            SpanKind.INTERNAL,
-            trace_id,
-            span_id,
-            parent_id,
-            now,
-            now,
-            attributes,
-            trace_state,
-            [(event, now, event_attributes) for event, event_attributes in events],
-            links,
-            False,
+        self._put(
+            (
+                name,
+                SpanKind.INTERNAL,
+                trace_id,
+                span_id,
+                parent_id,
+                now,
+                now,
+                attributes,
+                trace_state,
+                [(event, now, event_attributes) for event, event_attributes in events],
+                links,
+                False,
+                block,
+            )
         )
-        self._put(encoded)
         return _traceparent_of(trace_id, span_id)
 
-
-class Limits:
-    """The span limits of the standard variables (the SDK's ``SpanLimits``), as the encoder
-    applies them: attributes, events and links a span keeps, and the length of a string value."""
-
-    def __init__(self) -> None:
-        from opentelemetry.sdk.trace import SpanLimits
-
-        limits = SpanLimits()
-        self.attributes: int | None = limits.max_span_attributes
-        self.events: int | None = limits.max_events
-        self.links: int | None = limits.max_links
-        self.event_attributes: int | None = limits.max_event_attributes
-        self.length: int | None = limits.max_span_attribute_length
-        self.event_length: int | None = limits.max_attribute_length
-
-
-# -- protobuf ------------------------------------------------------------------------------------
-# Each message is written as its bytes: a length-delimited field is its tag (field number << 3 | 2,
-# one byte for the numbers used here), its length as a varint, and its payload.
-
-_LENGTHS = [bytes((n,)) for n in range(0x80)]
-_unhex = binascii.unhexlify
-_FIXED64 = struct.Struct("<Q")
-_FIXED32 = struct.Struct("<I")
-_DOUBLE = struct.Struct("<d")
-#: A span's start_time_unix_nano (7) and end_time_unix_nano (8), fixed64 each, with their tags.
-_TIMES = struct.Struct("<BQBQ")
-
-
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return _LENGTHS[value]
-    if value < 0x4000:  # a span's length, mostly
-        return bytes((value & 0x7F | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field (bytes, a string, a message) with its one-byte ``tag``."""
-    size = len(payload)
-    return tag + (_LENGTHS[size] if size < 0x80 else _varint(size)) + payload
-
-
-_F1, _F2, _F3, _F4, _F5, _F7 = b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x3a"
-_F9, _F11, _F13, _F15 = b"\x4a", b"\x5a", b"\x6a", b"\x7a"
-# The span kinds as OTLP numbers them (the API's are one less: INTERNAL is 0 there, 1 here).
-_KINDS = {kind: bytes((0x30, kind.value + 1)) for kind in SpanKind}
-# A span's end: its status, then its flags (field 16, fixed32: a two-byte tag).
-_SPAN_FLAGS = b"\x85\x01" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
-_END = _field(_F15, b"") + _SPAN_FLAGS
-_ERROR_END = _field(_F15, b"\x18\x02") + _SPAN_FLAGS
-# A link's flags (field 6, fixed32).
-_LINK_FLAGS = b"\x35" + _FIXED32.pack(_REMOTE_PARENT_FLAGS)
-#: Key-values and span names an encoder keeps encoded (most repeat: a destination, a URL, a call
-#: type, ``POST``).
-_CACHED = 4096
-#: Attributes whose values do not repeat: encoded each time, never kept (they would only push
-#: out the ones that do).
-_UNIQUE = frozenset({"pipeline.message_id"})
-
-
-class Encoder:
-    """Writes ``ExportTraceServiceRequest`` bytes for lean spans, under one resource (its
-    attributes) and one instrumentation scope, applying ``limits``."""
-
-    def __init__(self, resource: Mapping[str, Any], scope: str, limits: Limits) -> None:
-        self.limits = limits
-        self._known: dict[tuple[bytes, str, type, Any], bytes] = {}
-        self._head = _field(_F1, self._attributes(_F1, b"\x10", resource, None, None))
-        self._scope = _field(_F1, _field(_F1, scope.encode()))
-
-    def request(self, spans: Iterable[bytes]) -> bytes:
-        """The request carrying ``spans``, each encoded by ``span``."""
-        scope_spans = self._scope + b"".join(spans)
-        return _field(_F1, self._head + _field(_F2, scope_spans))
-
-    def span(self, span: LeanSpan) -> bytes:
-        """An ended span's ``Span`` message, as a field of ``ScopeSpans``."""
-        assert span.end_time is not None
-        return self.encode(
-            span.name,
-            span.kind,
-            span.trace_id,
-            span.span_id,
-            span.parent_id,
-            span.start_time,
-            span.end_time,
-            span.attributes,
-            span.trace_state,
-            span.events,
-            span.links,
-            span.error,
-        )
-
-    def encode(
+    def ended(
         self,
         name: str,
         kind: SpanKind,
-        trace_id: bytes,
-        span_id: bytes,
-        parent_id: bytes,
-        start_time: int,
-        end_time: int,
+        started: Started,
         attributes: Mapping[str, Any],
-        trace_state: str,
-        events: list[tuple[str, int, Mapping[str, Any]]],
-        links: list[tuple[bytes, bytes, str]],
+        block: Block | None,
         error: bool,
-    ) -> bytes:
-        """A span's ``Span`` message of these fields, as a field of ``ScopeSpans``."""
-        limits = self.limits
-        # trace_id (1), span_id (2) and parent_span_id (4): tags and lengths in hex, one unhex.
-        ids = _unhex(b"0a10" + trace_id + b"1208" + span_id + b"2208" + parent_id)
-        named = self._known.get((b"", name, SpanKind, kind))
-        if named is None:
-            named = _field(_F5, name.encode()) + _KINDS[kind]
-            self._keep((b"", name, SpanKind, kind), named)
-        body = (
-            ids
-            + named
-            + _TIMES.pack(0x39, start_time, 0x41, end_time)
-            + self._attributes(_F9, b"\x50", attributes, limits.attributes, limits.length)
-        )
-        if trace_state:
-            body += _field(_F3, trace_state.encode())
-        if events:
-            body += self._events(events)
-        if links:
-            body += self._links(links)
-        return _field(_F2, body + (_ERROR_END if error else _END))
-
-    def _events(self, events: list[tuple[str, int, Mapping[str, Any]]]) -> bytes:
-        limits = self.limits
-        kept, dropped = _kept(events, limits.events)
-        parts = []
-        for name, stamp, attributes in kept:
-            event = (
-                b"\x09"
-                + _FIXED64.pack(stamp)
-                + _field(_F2, name.encode())
-                + self._attributes(
-                    _F3, b"\x20", attributes, limits.event_attributes, limits.event_length
-                )
+    ) -> None:
+        """A span begun as ``started`` ends now, with no ``LeanSpan`` made (an attempt's: its
+        request sent, its answer in): encoded to the span processor, as a ``LeanSpan`` of the
+        same content would be."""
+        self._put(
+            (
+                name,
+                kind,
+                started.trace_id,
+                started.span_id,
+                started.parent_id,
+                started.time,
+                time.time_ns(),
+                attributes,
+                started.trace_state,
+                [],
+                [],
+                error,
+                block,
             )
-            parts.append(_field(_F11, event))
-        if dropped:
-            parts.append(b"\x60" + _varint(dropped))
-        return b"".join(parts)
+        )
 
-    def _links(self, links: list[tuple[bytes, bytes, str]]) -> bytes:
-        kept, dropped = _kept(links, self.limits.links)
-        parts = []
-        for trace_id, span_id, trace_state in kept:
-            link = _unhex(b"0a10" + trace_id + b"1208" + span_id)
-            if trace_state:
-                link += _field(_F3, trace_state.encode())
-            parts.append(_field(_F13, link + _LINK_FLAGS))
-        if dropped:
-            parts.append(b"\x70" + _varint(dropped))
-        return b"".join(parts)
-
-    def _keep(self, key: tuple[bytes, str, type, Any], encoded: bytes) -> None:
-        if len(self._known) >= _CACHED:
-            self._known.clear()
-        self._known[key] = encoded
-
-    def _attributes(
-        self,
-        tag: bytes,
-        dropped_tag: bytes,
-        attributes: Mapping[str, Any],
-        limit: int | None,
-        length: int | None,
-    ) -> bytes:
-        """The repeated ``KeyValue`` field with ``tag``: the last ``limit`` attributes, strings
-        cut to ``length``, and how many were dropped (field ``dropped_tag``), as the SDK keeps
-        them."""
-        out: list[bytes] = []
-        known = self._known
-        items: Any = attributes.items()
-        dropped = 0
-        if limit is not None and len(attributes) > limit:
-            items, dropped = _kept(list(items), limit)
-        cached: Any
-        for key, value in items:
-            kind = type(value)
-            if key in _UNIQUE:
-                cached = None
-            elif kind is list:  # a short list of strings (a call's destinations)
-                cached = (tag, key, kind, tuple(value))
-            elif kind is str or kind is int or kind is float or kind is bool:
-                cached = (tag, key, kind, value)
-            else:
-                cached = None
-            try:
-                encoded = known.get(cached) if cached is not None else None
-            except TypeError:  # a list of what cannot be a key
-                encoded = cached = None
-            if encoded is None:
-                pair = _field(_F1, key.encode()) + _field(_F2, _value(value, length))
-                encoded = _field(tag, pair)
-                if cached is not None:
-                    self._keep(cached, encoded)
-            out.append(encoded)
-        if dropped:
-            out.append(dropped_tag + _varint(dropped))
-        return b"".join(out)
-
-
-_T = TypeVar("_T")
-
-
-def _kept(items: list[_T], limit: int | None) -> tuple[list[_T], int]:
-    """The last ``limit`` of ``items`` and how many were dropped (the SDK drops the oldest)."""
-    if limit is None or len(items) <= limit:
-        return items, 0
-    return (items[-limit:] if limit else []), len(items) - limit
-
-
-def _value(value: Any, length: int | None) -> bytes:
-    """An ``AnyValue`` message's bytes, a string cut to ``length`` (``None``: an empty one, as
-    the SDK sends it)."""
-    if value is None:
-        return b""
-    if isinstance(value, str):
-        return _field(_F1, (value if length is None else value[:length]).encode())
-    if isinstance(value, bool):
-        return b"\x10\x01" if value else b"\x10\x00"
-    if isinstance(value, int):
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
-    if isinstance(value, float):
-        return b"\x21" + _DOUBLE.pack(value)
-    if isinstance(value, bytes):
-        return _field(_F7, value)
-    if isinstance(value, Sequence):
-        return _field(_F5, b"".join(_field(_F1, _value(item, length)) for item in value))
-    return _field(_F1, str(value).encode())
+    def block(self, key: Hashable, make: Callable[[Any], Mapping[str, Any]]) -> Block:
+        """``Encoder.block``."""
+        return self._encoder.block(key, make)
 
 
 def make_exporter(encoder: Encoder) -> Any:

@@ -3,6 +3,8 @@ without the SDK, they must reach a collector exactly as the SDK's spans of the s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from pipeline.core.outcomes import Failure, UrlResult
+from pipeline.http.request_tracing import traced_post
 from pipeline.runtime import tracing
 from pipeline.runtime.lean_spans import (
     EncodedSpan,
@@ -318,3 +322,120 @@ def test_a_step_is_encoded_as_it_ends_as_the_sdks_step_of_the_same_content() -> 
     tracing.step(PARENT, "route track", _step_attributes(), events=STEP_EVENTS, links=links)
     (finished,) = exporter.get_finished_spans()
     assert lean == _comparable(encode_spans([finished]).SerializeToString())
+
+
+def _sdk_tracer() -> InMemorySpanExporter:
+    """The SDK's spans from now on, kept (what lean spans are compared with)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource(RESOURCE))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing._state.tracer = provider.get_tracer("pipeline")
+    tracing._state.lean = None
+    return exporter
+
+
+@pytest.mark.parametrize("count_limit", [None, "3"])
+def test_a_steps_shared_attributes_are_encoded_once_and_sent_as_the_sdks(
+    monkeypatch: pytest.MonkeyPatch, count_limit: str | None
+) -> None:
+    """Attributes many spans share (``shared``) are made and encoded once a key, and the span
+    reaches a collector as the SDK's span with them and its own; over the count limit, the
+    oldest are dropped, as the SDK drops them."""
+    if count_limit is not None:
+        monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", count_limit)
+    made: list[int] = []
+
+    def shared() -> dict[str, Any]:
+        made.append(1)
+        return {"pipeline.call.type": "track", "pipeline.source": "s"}
+
+    processor = Kept()
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    tracing._state.lean = Sink(processor, encoder)
+    for _ in range(2):
+        processor.spans.clear()
+        tracing.step(
+            PARENT,
+            "route track",
+            _step_attributes(),
+            shared=(("track", "s"), lambda _key: shared()),
+        )
+        lean = _comparable(encoder.request(processor.spans))
+    assert made == [1]
+    span = lean["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    kept = [a["key"] for a in span["attributes"]]
+    if count_limit is None:
+        assert kept[:2] == ["pipeline.call.type", "pipeline.source"] and len(kept) == 5
+    else:
+        assert kept == ["pipeline.message_id", "pipeline.destinations", "n"]
+        assert span["droppedAttributesCount"] == 2
+
+    exporter = _sdk_tracer()
+    tracing.step(
+        PARENT, "route track", _step_attributes(), shared=(("track", "s"), lambda _key: shared())
+    )
+    (finished,) = exporter.get_finished_spans()
+    assert lean == _comparable(encode_spans([finished]).SerializeToString())
+
+
+URL = "http://127.0.0.1:8080/hook?token=never-in-a-span"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [UrlResult(URL, 200), UrlResult(URL, 500, Failure.SERVER_ERROR), ConnectionError("refused")],
+    ids=["200", "500", "raised"],
+)
+def test_an_attempts_lean_span_is_sent_as_the_sdks_span_of_the_same_content(
+    answer: UrlResult | Exception,
+) -> None:
+    """An attempt's span is made without a span object where spans are lean: the request
+    carries its context, and it reaches a collector as the SDK's span of the same content."""
+    got: list[dict[str, str]] = []
+
+    async def post(headers: dict[str, str]) -> UrlResult:
+        got.append(headers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def attempt() -> None:
+        with contextlib.suppress(ConnectionError):
+            await traced_post(post, URL, {"X-Signature": "s"}, PARENT, 2, "d1", "m-1")
+
+    processor = Kept()
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    tracing.configure("worker", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    tracing._state.lean = Sink(processor, encoder)
+    asyncio.run(attempt())
+    request = encoder.request(processor.spans)
+    (span,) = ExportTraceServiceRequest.FromString(request).resource_spans[0].scope_spans[0].spans
+    own = b"00-" + SAMPLED[3:35] + b"-" + span.span_id.hex().encode() + b"-01"
+    assert got[0] == {"X-Signature": "s", "traceparent": own.decode(), "tracestate": "v=1,w=2"}
+    lean = _comparable(request)
+
+    exporter = _sdk_tracer()
+    asyncio.run(attempt())
+    (finished,) = exporter.get_finished_spans()
+    assert lean == _comparable(encode_spans([finished]).SerializeToString())
+    keys = {a["key"] for a in lean["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]}
+    assert {"url.full", "pipeline.destination", "http.request.resend_count"} <= keys
+    assert ("error.type" in keys) is (answer != UrlResult(URL, 200))
+
+
+def test_a_span_that_cannot_be_encoded_is_left_out_and_its_bundle_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    processor = Kept()
+    encoder = Encoder(RESOURCE, "pipeline", Limits())
+    sink = Sink(processor, encoder, bundle=3, wait=60)
+    _step(sink, 1)
+    sink.step("broken", b"zz" * 16, b"00f067aa0ba902b7", "", {}, [], [])  # not hex
+    _step(sink, 2)
+    (bundle,) = processor.spans
+    sent = ExportTraceServiceRequest.FromString(encoder.request([bundle]))
+    (scope,) = sent.resource_spans[0].scope_spans
+    assert [span.name for span in scope.spans] == ["route track", "route track"]
+    assert "span 'broken' could not be encoded" in caplog.text
+    sink._stopped.set()
