@@ -184,6 +184,11 @@ class Holds:
         self._counts: dict[int, dict[str, int]] = {}
         #: The destinations with users held here (their gauge is set).
         self._labels: set[str] = set()
+        #: partition → the delivery keys held there (a spilled lane's too), as ``commit`` left
+        #: them: a user not in it is not held, known without reading the state (every fresh
+        #: call of an ordered destination asks). Read on the event loop; a partition's set is
+        #: replaced whole when it is assigned, before its records are read.
+        self._held: dict[int, set[bytes]] = {}
         # One deliver role a process: its gauge starts from what this one holds (a role run
         # again in the same process, as tests do, does not inherit the last one's figures).
         metrics.ORDERING_HELD_USERS.clear()
@@ -197,17 +202,21 @@ class Holds:
         now = _now_ms()
         for partition in partitions:
             counts: dict[str, int] = {}
+            held: set[bytes] = set()
             for key, (_, blocker) in self.state.scan(partition, _HELD, now):
+                held.add(key[len(_HELD) :])
                 if blocker == SPILLED.encode():
                     continue
                 destination = key_destination(key[len(_HELD) :])
                 counts[destination] = counts.get(destination, 0) + 1
             self._counts[partition] = counts
+            self._held[partition] = held
         self._gauge()
 
     def released(self, partitions: Sequence[int]) -> None:
         for partition in partitions:
             self._counts.pop(partition, None)
+            self._held.pop(partition, None)
         self.state.released(partitions)
         self._gauge()
 
@@ -217,6 +226,9 @@ class Holds:
     # ---- reading ---------------------------------------------------------------------------------
 
     def held(self, partition: int, key: bytes) -> Hold | None:
+        held = self._held.get(partition)
+        if held is not None and key not in held:
+            return None
         found = self.state.get_many(partition, [_held_key(key)], _now_ms())[0]
         if found is None:
             return None
@@ -251,9 +263,15 @@ class Holds:
         """Stage ``changes`` and take them, with whatever else is staged for the partition (the
         caller stages and takes without yielding: nothing of another lane is staged then)."""
         counts = self._counts.setdefault(partition, {})
+        held = self._held.get(partition)
         counted = False
         for state_key, value, by in changes:
             self.state.stage(partition, state_key, value)
+            if held is not None and state_key.startswith(_HELD):
+                if value is None:
+                    held.discard(state_key[len(_HELD) :])
+                else:
+                    held.add(state_key[len(_HELD) :])
             if by:
                 destination = key_destination(state_key[len(_HELD) :])
                 counts[destination] = max(0, counts.get(destination, 0) + by)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from pipeline.core.records import Delivery
@@ -169,3 +170,32 @@ def test_a_queued_call_keeps_its_trace_context_and_when_it_was_queued(tmp_path: 
     assert queued_call(traced.stored) == (avro, traceparent) and traced.queued_at > 0
     assert queued_call(plain.stored) == (avro, b"")  # as written before trace contexts
     assert plain.queued_at > 0
+
+
+def test_a_user_not_held_is_known_without_reading_the_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fresh call of an ordered destination asks whether its user is held: the held keys
+    of an assigned partition are known in memory, as commits change them and as the partition's
+    state is restored; the state is read only for a user that is held."""
+    holds = holds_in(tmp_path, ())
+    holds.assigned([0], restore=False)
+    reads: list[Any] = []
+    read = holds.state.get_many
+    monkeypatch.setattr(holds.state, "get_many", lambda *args: reads.append(args) or read(*args))
+    assert holds.held(0, KEY) is None and reads == []
+    holds.commit(0, [hold_change(KEY, "m1", None)])  # taken, not yet durable: held all the same
+    hold = holds.held(0, KEY)
+    assert hold is not None and hold.blocker == "m1" and len(reads) == 1
+    holds.commit(0, [unhold_change(KEY, hold)])
+    assert holds.held(0, KEY) is None and len(reads) == 1
+    taken = holds.commit(0, [hold_change(b"hooks/u2", SPILLED, None)])  # a lane's own spill
+    spill = holds.held(0, b"hooks/u2")
+    assert spill is not None and spill.blocker == SPILLED
+    holds.state.apply(taken or _none(), end=0)
+    holds.close()
+    again = holds_in(tmp_path, ())
+    again.assigned([0], restore=False)
+    restored = again.held(0, b"hooks/u2")
+    assert restored is not None and restored.blocker == SPILLED
+    assert again.held(0, KEY) is None
