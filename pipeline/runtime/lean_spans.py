@@ -113,7 +113,7 @@ def started(trace_id: bytes, parent_id: bytes, trace_state: str) -> Started:
         trace_state,
         span_id,
         time.time_ns(),
-        b"00-" + trace_id + b"-" + span_id + b"-01",
+        _traceparent_of(trace_id, span_id),
     )
 
 
@@ -311,7 +311,7 @@ class Sink:
         block: Block | None = None,
     ) -> bytes:
         """A span that ends as it starts (a step of a call's journey), its ``events`` at that
-        moment, encoded to the span processor at once, with no ``LeanSpan`` made: what a
+        moment, to the span processor at once, with no ``LeanSpan`` made: what a
         ``LeanSpan`` of the same content, ended at once, would send (``block``: attributes it
         shares with others, ``Encoder.block``). Its ``traceparent``."""
         span_id = new_span_id()

@@ -450,7 +450,7 @@ def step(
     ones), a child of ``trace``, when that is recorded here; the trace context the records it
     makes carry (``trace`` itself when no span is made, if it is ``passed_on``)."""
     lean = _state.lean
-    if lean is not None and trace:  # no span object: encoded as it ends, at once
+    if lean is not None and trace:  # no span object: its fields go to the sink at once
         ids, state, sampled = _ids_of(trace)
         if ids is None or not sampled:
             return passed_on(trace)
