@@ -240,10 +240,15 @@ class Sink:
         #: hands a bundle over (each span popped once: a deque's ends are safe between threads).
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._stopped = threading.Event()
+        #: Held while a bundle is taken, encoded and handed over: a flush or the shutdown waits
+        #: for the one the other thread is encoding, and one thread encodes at a time.
+        self._handing = threading.Lock()
+        self._thread: threading.Thread | None = None
         if bundle > 1:
-            threading.Thread(
+            self._thread = threading.Thread(
                 target=self._hand_over_every, args=(wait,), name="lean-spans", daemon=True
-            ).start()
+            )
+            self._thread.start()
 
     def span_ended(self, span: LeanSpan) -> None:
         self._put(_fields_of(span))
@@ -256,13 +261,12 @@ class Sink:
 
     def hand_over(self) -> None:
         """Hand the spans pending in a bundle to the processor now, encoded."""
-        pending, taken = self._pending, []
-        try:
+        with self._handing:
+            pending, taken = self._pending, []
             for _ in range(len(pending)):
                 taken.append(pending.popleft())
-        except IndexError:  # the other thread took the rest
-            pass
-        if taken:
+            if not taken:
+                return
             encode = self._encoder.encode
             try:
                 encoded = [encode(*fields) for fields in taken]
@@ -273,7 +277,8 @@ class Sink:
                         encoded.append(encode(*fields))
                     except Exception as error:
                         log.error("tracing: span %r could not be encoded: %s", fields[0], error)
-            self._processor.on_end(EncodedSpan(b"".join(encoded)))
+            if encoded:
+                self._processor.on_end(EncodedSpan(b"".join(encoded)))
 
     def _hand_over_every(self, wait: float) -> None:
         while not self._stopped.wait(wait):
@@ -292,6 +297,8 @@ class Sink:
 
     def shutdown(self) -> None:
         self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.hand_over()
         self._processor.shutdown()
 
@@ -313,7 +320,8 @@ class Sink:
         """A span that ends as it starts (a step of a call's journey), its ``events`` at that
         moment, to the span processor at once, with no ``LeanSpan`` made: what a
         ``LeanSpan`` of the same content, ended at once, would send (``block``: attributes it
-        shares with others, ``Encoder.block``). Its ``traceparent``."""
+        shares with others, ``Encoder.block``). Its ``traceparent``. ``attributes`` and the
+        events' are encoded with the bundle, later: they must not change after."""
         span_id = new_span_id()
         now = time.time_ns()
         self._put(
@@ -345,8 +353,9 @@ class Sink:
         error: bool,
     ) -> None:
         """A span begun as ``started`` ends now, with no ``LeanSpan`` made (an attempt's: its
-        request sent, its answer in): encoded to the span processor, as a ``LeanSpan`` of the
-        same content would be."""
+        request sent, its answer in): to the span processor, as a ``LeanSpan`` of the same
+        content would go. ``attributes`` are encoded with the bundle, later: they must not
+        change after."""
         self._put(
             (
                 name,

@@ -100,7 +100,7 @@ class Encoder:
     def __init__(self, resource: Mapping[str, Any], scope: str, limits: Limits) -> None:
         self.limits = limits
         self._known: dict[tuple[bytes, str, type, Any], bytes] = {}
-        self._blocks: dict[Hashable, Block] = {}
+        self._blocks: dict[tuple[Callable[[Any], Mapping[str, Any]], Hashable], Block] = {}
         self._names: dict[str, tuple[SpanKind, bytes]] = {}
         #: A key's field (``KeyValue.key``), by key.
         self._keys: dict[str, bytes] = {}
@@ -119,16 +119,18 @@ class Encoder:
         )
 
     def block(self, key: Hashable, make: Callable[[Any], Mapping[str, Any]]) -> Block:
-        """The attributes ``make(key)`` gives, encoded once under ``key`` (what they depend on)
-        and kept: spans that share them pass the ``Block`` to ``encode`` beside their own."""
-        found = self._blocks.get(key)
+        """The attributes ``make(key)`` gives, encoded once under ``key`` (what they depend on;
+        kept by ``make`` and ``key``, so two makers' keys never meet): spans that share them
+        pass the ``Block`` to ``encode`` beside their own."""
+        kept = (make, key)
+        found = self._blocks.get(kept)
         if found is None:
             attributes = dict(make(key))
             encoded = self._attributes(_F9, b"\x50", attributes, None, self.limits.length)
             found = Block(encoded, attributes)
             if len(self._blocks) >= _CACHED:
                 self._blocks.clear()
-            self._blocks[key] = found
+            self._blocks[kept] = found
         return found
 
     def encode(

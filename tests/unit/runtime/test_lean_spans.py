@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -345,9 +346,9 @@ def test_a_steps_shared_attributes_are_encoded_once_and_sent_as_the_sdks(
         monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", count_limit)
     made: list[int] = []
 
-    def shared() -> dict[str, Any]:
+    def shared(key: tuple[str, str]) -> dict[str, Any]:
         made.append(1)
-        return {"pipeline.call.type": "track", "pipeline.source": "s"}
+        return {"pipeline.call.type": key[0], "pipeline.source": key[1]}
 
     processor = Kept()
     encoder = Encoder(RESOURCE, "pipeline", Limits())
@@ -359,7 +360,7 @@ def test_a_steps_shared_attributes_are_encoded_once_and_sent_as_the_sdks(
             PARENT,
             "route track",
             _step_attributes(),
-            shared=(("track", "s"), lambda _key: shared()),
+            shared=(("track", "s"), shared),
         )
         lean = _comparable(encoder.request(processor.spans))
     assert made == [1]
@@ -372,9 +373,7 @@ def test_a_steps_shared_attributes_are_encoded_once_and_sent_as_the_sdks(
         assert span["droppedAttributesCount"] == 2
 
     exporter = _sdk_tracer()
-    tracing.step(
-        PARENT, "route track", _step_attributes(), shared=(("track", "s"), lambda _key: shared())
-    )
+    tracing.step(PARENT, "route track", _step_attributes(), shared=(("track", "s"), shared))
     (finished,) = exporter.get_finished_spans()
     assert lean == _comparable(encode_spans([finished]).SerializeToString())
 
@@ -439,3 +438,34 @@ def test_a_span_that_cannot_be_encoded_is_left_out_and_its_bundle_goes(
     assert [span.name for span in scope.spans] == ["route track", "route track"]
     assert "span 'broken' could not be encoded" in caplog.text
     sink._stopped.set()
+
+
+def test_a_flush_waits_for_the_bundle_the_other_thread_is_handing_over() -> None:
+    """The thread that hands a waiting bundle over may be encoding it when the provider
+    flushes or shuts down: the flush waits for it, so no span is left behind."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Kept):
+        def on_end(self, span: Any) -> None:
+            entered.set()
+            release.wait(10)
+            super().on_end(span)
+
+        def force_flush(self, timeout_millis: int = 0) -> bool:
+            return True
+
+    processor = Slow()
+    sink = Sink(processor, Encoder(RESOURCE, "pipeline", Limits()), bundle=4, wait=0.05)
+    try:
+        _step(sink, 1)
+        assert entered.wait(10)  # the sink's thread is handing it over
+        flushing = threading.Thread(target=sink.force_flush)
+        flushing.start()
+        flushing.join(0.3)
+        assert flushing.is_alive() and processor.spans == []  # waiting for that bundle
+        release.set()
+        flushing.join(10)
+        assert not flushing.is_alive() and len(processor.spans) == 1
+    finally:
+        release.set()
+        sink._stopped.set()
