@@ -188,7 +188,10 @@ def children(pid: int) -> list[int]:
     """The PIDs of ``pid``'s child processes (Linux /proc)."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
         found += [int(child) for child in text]
     return found
 
