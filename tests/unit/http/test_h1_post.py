@@ -69,6 +69,19 @@ def answer(status: int, body: bytes = b"ok", *extra: bytes) -> bytes:
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
+def answered_once(data: bytes) -> Script:
+    """A script that answers each connection's first request with ``data`` and reads the next
+    one, unanswered (the connection then closes without a byte)."""
+
+    async def script(_: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_of(reader)
+        writer.write(data)
+        await writer.drain()
+        await request_of(reader)
+
+    return script
+
+
 async def post(sender: WebhookSender, url: str) -> UrlResult:
     hooks = Destination(id="d", sources=["web"], webhooks=[{"url": url}])
     [result] = await sender.attempt(hooks, b'{"a":1}', "m1")
@@ -158,15 +171,8 @@ def test_a_kept_connection_the_receiver_closed_is_replaced_once() -> None:
     connection, once. A new connection closed without an answer is a failure, not retried."""
 
     async def test(sender: WebhookSender) -> None:
-        async def once_each(
-            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-        ) -> None:
-            await request_of(reader)
-            writer.write(answer(200))
-            await writer.drain()
-            await request_of(reader)  # the second request on it: closed unanswered
-
-        async with scripted(once_each) as base:
+        # The second request on each connection: closed unanswered.
+        async with scripted(answered_once(answer(200))) as base:
             for _ in range(3):
                 result = await post(sender, f"{base}/h")
                 assert (result.status, result.failure) == (200, None)
@@ -226,16 +232,8 @@ def test_a_long_answer_is_read_no_further_than_the_limit_and_ends_its_connection
     kept: list[int] = []
 
     async def test(sender: WebhookSender) -> None:
-        async def script(
-            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-        ) -> None:
-            await request_of(reader)
-            writer.write(answer(500, b"start " + b"x" * 4_000_000))
-            await writer.drain()
-            await request_of(reader)
-
         poster = poster_of(sender)
-        async with scripted(script) as base:
+        async with scripted(answered_once(answer(500, b"start " + b"x" * 4_000_000))) as base:
             first = await post(sender, f"{base}/h")
             [pool] = poster._pools.values()
             kept.append(len(pool.idle))
@@ -449,17 +447,8 @@ def test_bytes_after_an_answer_end_the_connection_rather_than_answer_the_next_re
 
 def test_a_protocol_switch_is_a_bad_answer() -> None:
     async def test(sender: WebhookSender) -> None:
-        async def switch(
-            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-        ) -> None:
-            await request_of(reader)
-            writer.write(
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
-            )
-            await writer.drain()
-            await request_of(reader)
-
-        async with scripted(switch) as base:
+        switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+        async with scripted(answered_once(switch)) as base:
             result = await post(sender, f"{base}/h")
         assert (result.status, result.failure) == (None, Failure.BAD_RESPONSE)
         assert "101" in result.detail
@@ -469,16 +458,8 @@ def test_a_protocol_switch_is_a_bad_answer() -> None:
 
 def test_idle_connections_and_hosts_no_longer_used_are_let_go() -> None:
     async def test(sender: WebhookSender) -> None:
-        async def script(
-            _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-        ) -> None:
-            await request_of(reader)
-            writer.write(answer(200))
-            await writer.drain()
-            await request_of(reader)
-
         poster = poster_of(sender)
-        async with scripted(script) as base:
+        async with scripted(answered_once(answer(200))) as base:
             assert (await post(sender, f"{base}/h")).status == 200
             [pool] = poster._pools.values()
             [connection] = pool.idle
