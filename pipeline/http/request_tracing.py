@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pipeline.core.outcomes import UrlResult
 from pipeline.runtime import tracing
-from pipeline.runtime.lean_spans import TRACEPARENT_FORM, Sink, Started
+from pipeline.runtime.lean_spans import Sink, Started
 
 __all__ = ["traced_post", "passed_on"]
 
@@ -46,11 +46,6 @@ def passed_on(headers: dict[str, str], trace: tracing.TraceHeaders) -> dict[str,
     attributes for a context that only passes through). Cleaned again: a record on
     ``deliveries`` someone else produced must not fail the request."""
     passed = headers.copy()
-    if len(trace) == 1:  # the common case: a traceparent alone
-        name, value = trace[0]
-        if name == tracing.TRACEPARENT and TRACEPARENT_FORM.fullmatch(value):
-            passed[name] = value.decode("latin-1")
-        return passed
     for name, value in tracing.cleaned(trace):
         passed[name] = value.decode("latin-1")
     return passed
@@ -82,7 +77,7 @@ async def traced_post(
             "POST",
             trace,
             tracing.SpanKind.CLIENT,
-            {**_shared(url, destination), "pipeline.message_id": message_id},
+            {**_shared((url, destination)), "pipeline.message_id": message_id},
         )
     if span is None:
         if not sent:
@@ -128,7 +123,7 @@ async def _lean_post(
     own: dict[str, str | int] = {"pipeline.message_id": message_id}
     if resends:
         own["http.request.resend_count"] = resends
-    shared = lean.block((url, destination), _shared_of)
+    shared = lean.block((url, destination), _shared)
     try:
         result = await post(headers)
     except BaseException as exc:
@@ -145,12 +140,9 @@ async def _lean_post(
     return result
 
 
-def _shared_of(key: tuple[str, str]) -> dict[str, str | int]:
-    return _shared(*key)
-
-
-def _shared(url: str, destination: str) -> dict[str, str | int]:
-    """The attributes of every attempt to ``url`` for ``destination``."""
+def _shared(key: tuple[str, str]) -> dict[str, str | int]:
+    """The attributes of every attempt to a URL for a destination (``key``: the two)."""
+    url, destination = key
     return {
         "http.request.method": "POST",
         **_url_attributes(url),
