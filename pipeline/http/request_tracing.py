@@ -51,7 +51,7 @@ def passed_on(headers: dict[str, str], trace: tracing.TraceHeaders) -> dict[str,
     return passed
 
 
-async def traced_post(
+def traced_post(
     post: Post,
     url: str,
     headers: dict[str, str],
@@ -60,17 +60,16 @@ async def traced_post(
     destination: str,
     message_id: str,
     sent: bool = True,
-) -> UrlResult:
+) -> Awaitable[UrlResult]:
     """``post(headers)`` with the trace context ``trace``: the attempt of ``message_id`` to
-    ``destination``; ``sent``: in the request's headers (a destination's ``trace_context``)."""
+    ``destination``; ``sent``: in the request's headers (a destination's ``trace_context``).
+    What to await: the request itself when no span is made here (no coroutine around it)."""
     lean = tracing.lean()
     if lean is not None:
         begun = tracing.begun(trace)
         if begun is None:
-            return await post(passed_on(headers, trace) if sent else headers)
-        return await _lean_post(
-            lean, begun, post, url, headers, resends, destination, message_id, sent
-        )
+            return post(passed_on(headers, trace) if sent else headers)
+        return _lean_post(lean, begun, post, url, headers, resends, destination, message_id, sent)
     span = None
     if trace and tracing.recording(trace):
         span = tracing.child_span(
@@ -80,9 +79,18 @@ async def traced_post(
             {**_shared((url, destination)), "pipeline.message_id": message_id},
         )
     if span is None:
-        if not sent:
-            return await post(headers)
-        return await post(passed_on(headers, trace))
+        return post(passed_on(headers, trace) if sent else headers)
+    return _sdk_post(span, post, headers, resends, sent)
+
+
+async def _sdk_post(
+    span: tracing.AnySpan,
+    post: Post,
+    headers: dict[str, str],
+    resends: int,
+    sent: bool,
+) -> UrlResult:
+    """``traced_post`` with the SDK's span (or a ``LeanSpan``), begun."""
     if resends:
         span.set_attribute("http.request.resend_count", resends)
     if sent:

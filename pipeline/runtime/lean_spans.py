@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry.trace import SpanKind, StatusCode, TraceFlags
 
-from pipeline.runtime.otlp_encoder import Block, Encoder, Limits
+from pipeline.runtime.otlp_encoder import Block, Encoder, Limits, SpanFields
 
 __all__ = [
     "LeanSpan",
@@ -63,12 +63,24 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 TRACEPARENT_FORM = re.compile(rb"00-((?!0{32})[0-9a-f]{32})-((?!0{16})[0-9a-f]{16})-[0-9a-f]{2}")
 
 
+#: The last ``traceparent`` found of the form, and its ids: a router checks a call's context
+#: (``tracing.cleaned``) and reads its ids for the routing span just after, one check for both.
+#: (It is kept, so no other object can have its identity.)
+_last_parsed: tuple[bytes, tuple[bytes, bytes]] = (b"", (b"", b""))
+
+
 def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
     """``(trace id, span id)``, in hex, of a W3C ``traceparent`` of ``TRACEPARENT_FORM``, or
     ``None`` when it is not one (a record someone else produced may carry anything)."""
+    global _last_parsed
+    last = _last_parsed
+    if value is last[0]:
+        return last[1]
     if TRACEPARENT_FORM.fullmatch(value) is None:
         return None
-    return value[3:35], value[36:52]  # the form is of fixed length
+    ids = value[3:35], value[36:52]  # the form is of fixed length
+    _last_parsed = (value, ids)
+    return ids
 
 
 class _Sampled:
@@ -107,14 +119,12 @@ class Started(NamedTuple):
 def started(trace_id: bytes, parent_id: bytes, trace_state: str) -> Started:
     """A lean span of that parent begun now."""
     span_id = new_span_id()
-    return Started(
-        trace_id,
-        parent_id,
-        trace_state,
-        span_id,
-        time.time_ns(),
-        _traceparent_of(trace_id, span_id),
-    )
+    fields = (trace_id, parent_id, trace_state, span_id, time.time_ns())
+    # (``tuple.__new__``: a ``NamedTuple``'s own ``__new__`` is a Python function, twice the cost)
+    return _new_tuple(Started, (*fields, b"00-" + trace_id + b"-" + span_id + b"-01"))
+
+
+_new_tuple = tuple.__new__
 
 
 class LeanSpan:
@@ -187,8 +197,8 @@ class LeanSpan:
         self._sink.span_ended(self)
 
 
-def _fields_of(span: LeanSpan) -> tuple[Any, ...]:
-    """What ``Encoder.encode`` is given for an ended ``span``."""
+def _fields_of(span: LeanSpan) -> SpanFields:
+    """What ``Encoder.spans`` is given for an ended ``span``."""
     assert span.end_time is not None
     return (
         span.name,
@@ -203,6 +213,7 @@ def _fields_of(span: LeanSpan) -> tuple[Any, ...]:
         span.events,
         span.links,
         span.error,
+        None,
     )
 
 
@@ -222,7 +233,7 @@ class Sink:
     With ``bundle`` over 1, spans reach the processor in bundles: one ``EncodedSpan`` holding
     the bytes of up to ``bundle`` spans, one after another (protobuf concatenates repeated
     fields, so the exporter's request is the same). A span waits for its bundle as the fields
-    ``Encoder.encode`` takes, and a bundle's spans are encoded together as it is handed over
+    ``Encoder.spans`` takes, and a bundle's spans are encoded together as it is handed over
     (a span that cannot be is left out, and said). Handing the processor a span cost a worker
     some 6 µs (its checks, its queue, a ``getpid``), twice a sampled call. A bundle waits at
     most ``wait`` seconds (a thread hands over what is pending), and the processor's sizes are
@@ -238,7 +249,7 @@ class Sink:
         self._bundle = bundle
         #: Spans not yet handed over. Appended by the event loop, popped by whichever thread
         #: hands a bundle over (each span popped once: a deque's ends are safe between threads).
-        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._pending: collections.deque[SpanFields] = collections.deque()
         self._stopped = threading.Event()
         #: Held while a bundle is taken, encoded and handed over: a flush or the shutdown waits
         #: for the one the other thread is encoding, and one thread encodes at a time.
@@ -253,7 +264,7 @@ class Sink:
     def span_ended(self, span: LeanSpan) -> None:
         self._put(_fields_of(span))
 
-    def _put(self, fields: tuple[Any, ...]) -> None:
+    def _put(self, fields: SpanFields) -> None:
         pending = self._pending
         pending.append(fields)
         if len(pending) >= self._bundle:
@@ -267,18 +278,19 @@ class Sink:
                 taken.append(pending.popleft())
             if not taken:
                 return
-            encode = self._encoder.encode
+            spans = self._encoder.spans
             try:
-                encoded = [encode(*fields) for fields in taken]
+                encoded = spans(taken)
             except Exception:  # a value no span can carry: the others go, that one is said
-                encoded = []
+                parts = []
                 for fields in taken:
                     try:
-                        encoded.append(encode(*fields))
+                        parts.append(spans((fields,)))
                     except Exception as error:
                         log.error("tracing: span %r could not be encoded: %s", fields[0], error)
+                encoded = b"".join(parts)
             if encoded:
-                self._processor.on_end(EncodedSpan(b"".join(encoded)))
+                self._processor.on_end(EncodedSpan(encoded))
 
     def _hand_over_every(self, wait: float) -> None:
         while not self._stopped.wait(wait):

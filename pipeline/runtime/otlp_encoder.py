@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-__all__ = ["Encoder", "Limits", "Block"]
+__all__ = ["Encoder", "Limits", "Block", "SpanFields"]
 
 #: ``Span.flags``: whether the parent is remote is known (0x100), and it is (0x200), as the SDK's
 #: encoder writes them for a parent read from a carrier.
@@ -93,6 +93,27 @@ class Block(NamedTuple):
     attributes: Mapping[str, Any]
 
 
+#: What ``Encoder.spans`` takes of a span: its name, kind, trace id, span id and parent id (hex),
+#: start and end (epoch ns), its own attributes, its parent's trace state, its events (name,
+#: epoch ns, attributes), its links (trace id, span id, trace state), whether it failed, and the
+#: ``Block`` of attributes it shares (``None``: none).
+SpanFields = tuple[
+    str,
+    SpanKind,
+    bytes,
+    bytes,
+    bytes,
+    int,
+    int,
+    Mapping[str, Any],
+    str,
+    list[tuple[str, int, Mapping[str, Any]]],
+    list[tuple[bytes, bytes, str]],
+    bool,
+    "Block | None",
+]
+
+
 class Encoder:
     """Writes ``ExportTraceServiceRequest`` bytes for lean spans, under one resource (its
     attributes) and one instrumentation scope, applying ``limits``."""
@@ -133,57 +154,71 @@ class Encoder:
             self._blocks[kept] = found
         return found
 
-    def encode(
-        self,
-        name: str,
-        kind: SpanKind,
-        trace_id: bytes,
-        span_id: bytes,
-        parent_id: bytes,
-        start_time: int,
-        end_time: int,
-        attributes: Mapping[str, Any],
-        trace_state: str,
-        events: list[tuple[str, int, Mapping[str, Any]]],
-        links: list[tuple[bytes, bytes, str]],
-        error: bool,
-        block: Block | None = None,
-    ) -> bytes:
-        """A span's ``Span`` message of these fields, as a field of ``ScopeSpans``; ``block``:
-        attributes it shares with other spans, beside its own ``attributes`` (none of the same
-        name)."""
+    def spans(self, spans: Iterable[SpanFields]) -> bytes:
+        """The ``Span`` messages of ``spans``' fields, one after another, as fields of
+        ``ScopeSpans`` (one loop for a bundle: a span's own call and lookups cost as much as
+        its encoding). A span's ``block``: attributes it shares with other spans, beside its
+        own ``attributes`` (none of the same name)."""
         limits = self.limits
-        # trace_id (1), span_id (2) and parent_span_id (4): tags and lengths in hex, one unhex.
-        ids = _unhex(b"0a10" + trace_id + b"1208" + span_id + b"2208" + parent_id)
-        named_as = self._names.get(name)  # (its kind, the two fields), the kind mostly one
-        if named_as is not None and named_as[0] is kind:
-            named = named_as[1]
-        else:
-            named = _field(_F5, name.encode()) + _KINDS[kind]
-            if len(self._names) >= _CACHED:
-                self._names.clear()
-            self._names[name] = (kind, named)
-        limit = limits.attributes
-        if block is None:
-            encoded = self._attributes(_F9, b"\x50", attributes, limit, limits.length)
-        elif limit is None or len(block.attributes) + len(attributes) <= limit:
-            encoded = block.encoded + self._attributes(
-                _F9, b"\x50", attributes, None, limits.length
+        limit, length = limits.attributes, limits.length
+        names = self._names
+        attributes_of = self._attributes
+        times = _TIMES.pack
+        out: list[bytes] = []
+        for (
+            name,
+            kind,
+            trace_id,
+            span_id,
+            parent_id,
+            start_time,
+            end_time,
+            attributes,
+            trace_state,
+            events,
+            links,
+            error,
+            block,
+        ) in spans:
+            named_as = names.get(name)  # (its kind, the two fields), the kind mostly one
+            if named_as is not None and named_as[0] is kind:
+                named = named_as[1]
+            else:
+                named = self._named(name, kind)
+            if block is None:
+                encoded = attributes_of(_F9, b"\x50", attributes, limit, length)
+            elif limit is None or len(block.attributes) + len(attributes) <= limit:
+                encoded = block.encoded + attributes_of(_F9, b"\x50", attributes, None, length)
+            else:  # over the limit: the oldest dropped, as the SDK drops them
+                merged = {**block.attributes, **attributes}
+                encoded = attributes_of(_F9, b"\x50", merged, limit, length)
+            # trace_id (1), span_id (2) and parent_span_id (4): tags and lengths in hex, unhexed
+            # at once; then the name and kind, the times, the attributes.
+            body = b"%b%b%b%b" % (
+                _unhex(b"0a10%b1208%b2208%b" % (trace_id, span_id, parent_id)),
+                named,
+                times(0x39, start_time, 0x41, end_time),
+                encoded,
             )
-        else:  # over the limit: the oldest dropped, as the SDK drops them
-            merged = {**block.attributes, **attributes}
-            encoded = self._attributes(_F9, b"\x50", merged, limit, limits.length)
-        parts = [ids, named, _TIMES.pack(0x39, start_time, 0x41, end_time), encoded]
-        if trace_state:
-            parts.append(_field(_F3, trace_state.encode()))
-        if events:
-            parts.append(self._events(events))
-        if links:
-            parts.append(self._links(links))
-        parts.append(_ERROR_END if error else _END)
-        body = b"".join(parts)
-        size = len(body)
-        return _F2 + (_LENGTHS[size] if size < 0x80 else _varint(size)) + body
+            if trace_state:
+                body += _field(_F3, trace_state.encode())
+            if events:
+                body += self._events(events)
+            if links:
+                body += self._links(links)
+            body += _ERROR_END if error else _END
+            size = len(body)
+            out.append(_F2 + (_LENGTHS[size] if size < 0x80 else _varint(size)))
+            out.append(body)
+        return b"".join(out)
+
+    def _named(self, name: str, kind: SpanKind) -> bytes:
+        """A span's name and kind fields, kept by its name."""
+        named = _field(_F5, name.encode()) + _KINDS[kind]
+        if len(self._names) >= _CACHED:
+            self._names.clear()
+        self._names[name] = (kind, named)
+        return named
 
     def _events(self, events: list[tuple[str, int, Mapping[str, Any]]]) -> bytes:
         limits = self.limits
@@ -262,14 +297,20 @@ class Encoder:
                 if kind is str:
                     text = (value if length is None else value[:length]).encode()
                     size = len(text)
-                    if size < 0x7E:  # its string_value and the AnyValue: one-byte lengths
-                        pair = key_field + b"\x12" + _LENGTHS[size + 2] + b"\x0a" + _LENGTHS[size]
-                        pair += text
+                    whole = len(key_field) + size + 4
+                    if whole < 0x80:  # the KeyValue, its AnyValue and string: one-byte lengths
+                        encoded = b"%b%b%b\x12%b\x0a%b%b" % (
+                            tag,
+                            _LENGTHS[whole],
+                            key_field,
+                            _LENGTHS[size + 2],
+                            _LENGTHS[size],
+                            text,
+                        )
                     else:
-                        pair = key_field + _field(_F2, _field(_F1, text))
+                        encoded = _field(tag, key_field + _field(_F2, _field(_F1, text)))
                 else:
-                    pair = key_field + _field(_F2, _value(value, length))
-                encoded = _field(tag, pair)
+                    encoded = _field(tag, key_field + _field(_F2, _value(value, length)))
                 if cached is not None:
                     self._keep(cached, encoded)
             out.append(encoded)

@@ -261,7 +261,7 @@ def cleaned(trace: TraceHeaders) -> TraceHeaders:
     that it can go into a request header and a parked batch's list as it is."""
     if len(trace) == 1:  # the common case: a traceparent alone
         name, value = trace[0]
-        if name == TRACEPARENT and TRACEPARENT_FORM.fullmatch(value):
+        if name == TRACEPARENT and parse_traceparent(value) is not None:
             return trace
         return []
     parent = [value for name, value in trace if name == TRACEPARENT]
