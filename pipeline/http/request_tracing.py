@@ -136,16 +136,18 @@ async def _lean_post(
         result = await post(headers)
     except BaseException as exc:
         own["error.type"] = type(exc).__qualname__
-        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, True)
+        lean.ended("POST", _CLIENT, begun, own, shared, True)
         raise
     if result.status is not None:
         own["http.response.status_code"] = result.status
-    if result.ok:
-        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, False)
-    else:
+    failed = not result.ok
+    if failed:
         own["error.type"] = _error_type(result)
-        lean.ended("POST", tracing.SpanKind.CLIENT, begun, own, shared, True)
+    lean.ended("POST", _CLIENT, begun, own, shared, failed)
     return result
+
+
+_CLIENT = tracing.SpanKind.CLIENT
 
 
 def _shared(key: tuple[str, str]) -> dict[str, str | int]:

@@ -371,12 +371,12 @@ class RouterHandler:
                 logged.append(self._log_record(taken, decision, first_seen, index, came))
             if decision.dropped is not None:
                 dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
-                _routed_trace(came, decision)
+                _routed_trace(came, decision, [name for _, name in decision.keys])
                 continue
             first = decision.delivery
             names = [name for _, name in decision.keys]
             values = codec.delivery_values(first, names) if first is not None else []
-            trace = _routed_trace(came, decision)
+            trace = _routed_trace(came, decision, names)
             for (key, name), value in zip(decision.keys, values, strict=True):
                 if parking is None or not parking(key, value, name, trace):
                     out.append(
@@ -464,27 +464,34 @@ def _came(taken: ConsumedRecord) -> TraceHeaders:
     return tracing.cleaned(trace) if trace else trace
 
 
-def _routed_trace(trace: TraceHeaders, decision: Routed) -> TraceHeaders:
-    """The trace context of the delivery records ``decision`` makes: its routing span's, when it
-    makes one (ended at once), else the call's as it came (``trace``; empty: none) if it is
-    ``passed_on``."""
+def _routed_trace(trace: TraceHeaders, decision: Routed, names: Sequence[str]) -> TraceHeaders:
+    """The trace context of the delivery records ``decision`` makes (to ``names``): its routing
+    span's, when it makes one (ended at once), else the call's as it came (``trace``; empty:
+    none) if it is ``passed_on``."""
     if not trace or not tracing.recording(trace):
         return tracing.passed_on(trace)  # (its span's attributes are not even made)
     call = decision.call
     assert call is not None
     kind = call.type.value
-    names = tuple([name for _, name in decision.keys])
-    left_out = [
-        ("destination left out", {"pipeline.destination": name, "reason": reason.value})
-        for name, reason in decision.excluded
-    ]
+    left_out = (
+        [
+            ("destination left out", {"pipeline.destination": name, "reason": reason.value})
+            for name, reason in decision.excluded
+        ]
+        if decision.excluded
+        else ()
+    )
     return tracing.step(
         trace,
-        f"route {kind}",
+        _ROUTE_NAMES.get(kind) or f"route {kind}",
         {"pipeline.message_id": call.message_id},
         events=left_out,
-        shared=((kind, call.source_id, names, decision.dropped), _routing_attributes),
+        shared=((kind, call.source_id, tuple(names), decision.dropped), _routing_attributes),
     )
+
+
+#: A routing span's name, by call type.
+_ROUTE_NAMES = {kind.value: f"route {kind.value}" for kind in CallType}
 
 
 def _routing_attributes(

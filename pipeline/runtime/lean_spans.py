@@ -91,12 +91,12 @@ class _Sampled:
     trace_flags = _SAMPLED
 
 
+_random_bits = random.getrandbits
+
+
 def new_span_id() -> bytes:
-    """A span id, in hex (never all zeros: that id is invalid)."""
-    span_id = random.getrandbits(64)
-    while not span_id:
-        span_id = random.getrandbits(64)
-    return b"%016x" % span_id
+    """A span id, in hex (never all zeros: that id is invalid, and 1 is drawn instead)."""
+    return b"%016x" % (_random_bits(64) or 1)
 
 
 def _traceparent_of(trace_id: bytes, span_id: bytes) -> bytes:
@@ -118,7 +118,7 @@ class Started(NamedTuple):
 
 def started(trace_id: bytes, parent_id: bytes, trace_state: str) -> Started:
     """A lean span of that parent begun now."""
-    span_id = new_span_id()
+    span_id = b"%016x" % (_random_bits(64) or 1)  # (``new_span_id``, inline)
     fields = (trace_id, parent_id, trace_state, span_id, time.time_ns())
     # (``tuple.__new__``: a ``NamedTuple``'s own ``__new__`` is a Python function, twice the cost)
     return _new_tuple(Started, (*fields, b"00-" + trace_id + b"-" + span_id + b"-01"))
@@ -255,6 +255,8 @@ class Sink:
         #: for the one the other thread is encoding, and one thread encodes at a time.
         self._handing = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: ``Encoder.block``: attributes spans share, encoded once.
+        self.block: Callable[[Hashable, Callable[[Any], Mapping[str, Any]]], Block] = encoder.block
         if bundle > 1:
             self._thread = threading.Thread(
                 target=self._hand_over_every, args=(wait,), name="lean-spans", daemon=True
@@ -334,7 +336,7 @@ class Sink:
         ``LeanSpan`` of the same content, ended at once, would send (``block``: attributes it
         shares with others, ``Encoder.block``). Its ``traceparent``. ``attributes`` and the
         events' are encoded with the bundle, later: they must not change after."""
-        span_id = new_span_id()
+        span_id = b"%016x" % (_random_bits(64) or 1)  # (``new_span_id``, inline)
         now = time.time_ns()
         self._put(
             (
@@ -347,13 +349,15 @@ class Sink:
                 now,
                 attributes,
                 trace_state,
-                [(event, now, event_attributes) for event, event_attributes in events],
+                [(event, now, event_attributes) for event, event_attributes in events]
+                if events
+                else [],
                 links,
                 False,
                 block,
             )
         )
-        return _traceparent_of(trace_id, span_id)
+        return b"00-" + trace_id + b"-" + span_id + b"-01"  # (``_traceparent_of``, inline)
 
     def ended(
         self,
@@ -385,10 +389,6 @@ class Sink:
                 block,
             )
         )
-
-    def block(self, key: Hashable, make: Callable[[Any], Mapping[str, Any]]) -> Block:
-        """``Encoder.block``."""
-        return self._encoder.block(key, make)
 
 
 def make_exporter(encoder: Encoder) -> Any:

@@ -208,7 +208,12 @@ class Encoder:
                 body += self._links(links)
             body += _ERROR_END if error else _END
             size = len(body)
-            out.append(_F2 + (_LENGTHS[size] if size < 0x80 else _varint(size)))
+            if size < 0x80:
+                out.append(_F2 + _LENGTHS[size])
+            elif size < 0x4000:  # most spans: a two-byte length
+                out.append(bytes((0x12, size & 0x7F | 0x80, size >> 7)))
+            else:
+                out.append(_F2 + _varint(size))
             out.append(body)
         return b"".join(out)
 
@@ -274,7 +279,7 @@ class Encoder:
             items, dropped = _kept(list(items), limit)
         cached: Any
         for key, value in items:
-            kind = type(value)
+            kind = value.__class__
             if key in _UNIQUE:
                 cached = None
             elif kind is list:  # a short list of strings (a call's destinations)
