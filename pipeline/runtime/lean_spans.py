@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -48,7 +47,6 @@ __all__ = [
     "Sink",
     "Limits",
     "Encoder",
-    "TRACEPARENT_FORM",
     "parse_traceparent",
     "make_exporter",
 ]
@@ -58,11 +56,6 @@ log = logging.getLogger("pipeline.tracing")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
-#: A ``traceparent`` the pipeline passes on: version 00, exactly (W3C Trace Context), its trace
-#: and parent ids (not all zeros) in lower-case hex.
-TRACEPARENT_FORM = re.compile(rb"00-((?!0{32})[0-9a-f]{32})-((?!0{16})[0-9a-f]{16})-[0-9a-f]{2}")
-
-
 #: The last ``traceparent`` found of the form, and its ids: a router checks a call's context
 #: (``tracing.cleaned``) and reads its ids for the routing span just after, one check for both.
 #: (It is kept, so no other object can have its identity.)
@@ -70,17 +63,32 @@ _last_parsed: tuple[bytes, tuple[bytes, bytes]] = (b"", (b"", b""))
 
 
 def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
-    """``(trace id, span id)``, in hex, of a W3C ``traceparent`` of ``TRACEPARENT_FORM``, or
-    ``None`` when it is not one (a record someone else produced may carry anything)."""
+    """``(trace id, span id)``, in hex, of a ``traceparent`` the pipeline passes on, or ``None``
+    when it is not one (a record someone else produced may carry anything): W3C Trace Context's
+    version 00, exactly, its trace and parent ids (not all zeros) and its flags in lower-case
+    hex."""
     global _last_parsed
     last = _last_parsed
     if value is last[0]:
         return last[1]
-    if TRACEPARENT_FORM.fullmatch(value) is None:
+    # The form, checked without a regex (two thirds of its time): every hex digit made a "0"
+    # leaves the form's shape; then the version, and ids not all zeros.
+    if (
+        len(value) != 55
+        or value.translate(_HEX_AS_ZERO) != _SHAPE
+        or value[:3] != b"00-"
+        or value[3:35] == _ZEROS[:32]
+        or value[36:52] == _ZEROS[:16]
+    ):
         return None
-    ids = value[3:35], value[36:52]  # the form is of fixed length
+    ids = value[3:35], value[36:52]
     _last_parsed = (value, ids)
     return ids
+
+
+_HEX_AS_ZERO = bytes.maketrans(b"0123456789abcdef", b"0" * 16)
+_ZEROS = b"0" * 32
+_SHAPE = b"00-" + _ZEROS + b"-" + _ZEROS[:16] + b"-00"
 
 
 class _Sampled:

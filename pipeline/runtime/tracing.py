@@ -39,7 +39,6 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pipeline.runtime.lean_spans import (
-    TRACEPARENT_FORM,
     Encoder,
     LeanSpan,
     Limits,
@@ -243,6 +242,10 @@ def trace_headers(headers: Any) -> TraceHeaders:
     """The trace context among a record's ``headers`` (empty: it has none)."""
     if not headers:
         return []
+    if len(headers) == 1:  # the common case: a traceparent alone (no comprehension for it)
+        first = headers[0]
+        if first[0] == TRACEPARENT and first[1].__class__ is bytes:
+            return [first]
     return [
         (name, value)
         for name, value in headers
@@ -265,7 +268,7 @@ def cleaned(trace: TraceHeaders) -> TraceHeaders:
             return trace
         return []
     parent = [value for name, value in trace if name == TRACEPARENT]
-    if len(parent) != 1 or not TRACEPARENT_FORM.fullmatch(parent[0]):
+    if len(parent) != 1 or parse_traceparent(parent[0]) is None:
         return []
     state = [value for name, value in trace if name == TRACESTATE]
     if len(state) == 1 and _TRACESTATE.fullmatch(state[0]):

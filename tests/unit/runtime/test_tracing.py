@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -105,6 +107,39 @@ def test_only_the_trace_headers_of_a_record_are_kept_and_bad_ones_are_no_context
 )
 def test_a_context_from_outside_that_is_not_w3c_is_dropped(trace: list[tuple[str, bytes]]):
     assert tracing.cleaned(trace) == []
+
+
+#: The ``traceparent`` the pipeline passes on, as W3C Trace Context writes it: version 00,
+#: exactly, its trace and parent ids (not all zeros) and its flags in lower-case hex.
+W3C_FORM = re.compile(rb"00-((?!0{32})[0-9a-f]{32})-((?!0{16})[0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def test_a_traceparent_is_read_when_it_has_the_w3c_form_and_only_then() -> None:
+    """``parse_traceparent`` checks the form without a regex: it must agree with one, on valid
+    values and on every kind of damage (a changed, added or missing character, upper case,
+    zero ids, another version)."""
+    rng = random.Random(35)
+    damage = b"0123456789abcdefABCDEF-xg \n\xff"
+    valid = 0
+    for _ in range(20_000):
+        value = bytearray(SAMPLED)
+        for _ in range(rng.randint(0, 3)):
+            where, roll = rng.randrange(len(value)), rng.random()
+            if roll < 0.6:
+                value[where] = rng.choice(damage)
+            elif roll < 0.8:
+                value.insert(where, rng.choice(damage))
+            else:
+                del value[where]
+        if rng.random() < 0.05:
+            value[3:35] = b"0" * 32
+        if rng.random() < 0.05:
+            value[36:52] = b"0" * 16
+        text = bytes(value)
+        match = W3C_FORM.fullmatch(text)
+        assert parse_traceparent(text) == (match and (match[1], match[2])), text
+        valid += match is not None
+    assert 1_000 < valid < 19_000  # both kinds were tried
 
 
 def test_a_valid_context_passes_and_a_bad_tracestate_alone_is_dropped() -> None:
