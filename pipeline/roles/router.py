@@ -369,12 +369,12 @@ class RouterHandler:
             came = _came(taken)
             if log_topic is not None:
                 logged.append(self._log_record(taken, decision, first_seen, index, came))
+            names = [name for _, name in decision.keys]
             if decision.dropped is not None:
                 dropped[decision.dropped] = dropped.get(decision.dropped, 0) + 1
-                _routed_trace(came, decision, [name for _, name in decision.keys])
+                _routed_trace(came, decision, names)
                 continue
             first = decision.delivery
-            names = [name for _, name in decision.keys]
             values = codec.delivery_values(first, names) if first is not None else []
             trace = _routed_trace(came, decision, names)
             for (key, name), value in zip(decision.keys, values, strict=True):
@@ -483,7 +483,7 @@ def _routed_trace(trace: TraceHeaders, decision: Routed, names: Sequence[str]) -
     )
     return tracing.step(
         trace,
-        _ROUTE_NAMES.get(kind) or f"route {kind}",
+        _ROUTE_NAMES[kind],
         {"pipeline.message_id": call.message_id},
         events=left_out,
         shared=((kind, call.source_id, tuple(names), decision.dropped), _routing_attributes),

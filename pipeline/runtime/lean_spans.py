@@ -77,8 +77,8 @@ def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
         len(value) != 55
         or value.translate(_HEX_AS_ZERO) != _SHAPE
         or value[:3] != b"00-"
-        or value[3:35] == _ZEROS[:32]
-        or value[36:52] == _ZEROS[:16]
+        or value[3:35] == _NO_TRACE
+        or value[36:52] == _NO_SPAN
     ):
         return None
     ids = value[3:35], value[36:52]
@@ -87,8 +87,8 @@ def parse_traceparent(value: bytes) -> tuple[bytes, bytes] | None:
 
 
 _HEX_AS_ZERO = bytes.maketrans(b"0123456789abcdef", b"0" * 16)
-_ZEROS = b"0" * 32
-_SHAPE = b"00-" + _ZEROS + b"-" + _ZEROS[:16] + b"-00"
+_NO_TRACE, _NO_SPAN = b"0" * 32, b"0" * 16  # the invalid ids
+_SHAPE = b"00-" + _NO_TRACE + b"-" + _NO_SPAN + b"-00"
 
 
 class _Sampled:
@@ -126,10 +126,19 @@ class Started(NamedTuple):
 
 def started(trace_id: bytes, parent_id: bytes, trace_state: str) -> Started:
     """A lean span of that parent begun now."""
-    span_id = b"%016x" % (_random_bits(64) or 1)  # (``new_span_id``, inline)
-    fields = (trace_id, parent_id, trace_state, span_id, time.time_ns())
+    span_id = new_span_id()
     # (``tuple.__new__``: a ``NamedTuple``'s own ``__new__`` is a Python function, twice the cost)
-    return _new_tuple(Started, (*fields, b"00-" + trace_id + b"-" + span_id + b"-01"))
+    return _new_tuple(
+        Started,
+        (
+            trace_id,
+            parent_id,
+            trace_state,
+            span_id,
+            time.time_ns(),
+            _traceparent_of(trace_id, span_id),
+        ),
+    )
 
 
 _new_tuple = tuple.__new__
@@ -344,7 +353,7 @@ class Sink:
         ``LeanSpan`` of the same content, ended at once, would send (``block``: attributes it
         shares with others, ``Encoder.block``). Its ``traceparent``. ``attributes`` and the
         events' are encoded with the bundle, later: they must not change after."""
-        span_id = b"%016x" % (_random_bits(64) or 1)  # (``new_span_id``, inline)
+        span_id = new_span_id()
         now = time.time_ns()
         self._put(
             (
@@ -365,7 +374,7 @@ class Sink:
                 block,
             )
         )
-        return b"00-" + trace_id + b"-" + span_id + b"-01"  # (``_traceparent_of``, inline)
+        return _traceparent_of(trace_id, span_id)
 
     def ended(
         self,

@@ -420,7 +420,7 @@ def _ids_of(headers: TraceHeaders) -> tuple[tuple[bytes, bytes] | None, str, boo
     if len(headers) == 1:  # the common case: a traceparent alone
         header, value = headers[0]
         if header == TRACEPARENT:
-            return parse_traceparent(value), "", value[-2:] == b"01" or _sampled(value)
+            return parse_traceparent(value), "", _sampled(value)
         return None, "", False
     ids = None
     state = ""
